@@ -1,0 +1,281 @@
+"""The job directory: its layout, path confinement, and the manifest schema.
+
+    <job_dir>/
+      manifest.json                 immutable once published
+      recipe.yaml                   snapshot of the recipe (yaml.safe_load only)
+      shards/part-00000-of-00016.jsonl
+      attempts/<shard>/<attempt>/   attempt.json, process.log, work dir, processed.jsonl
+      state/claims/<shard>@<attempt>  one lease file per attempt; heartbeat = mtime
+      state/done/<shard>.json       first publication wins
+      state/failed/<shard>.json     terminal failure after the retry budget
+      state/retry/<shard>.json      attempts up to here no longer count (written by retry)
+      state/history/                what retry archived; nothing is ever deleted
+      state/clock/                  probe files for the server clock
+      runs/<run-key>/               coordination state of one submission
+      merge.json                    what the merge verified and wrote
+
+Every path read from a record is confined to the job directory: absolute
+paths and ``..`` are refused, never followed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import IntegrityError, UserError
+from .storage import read_json
+
+SCHEMA_VERSION = 1
+SHARD_ID_RE = re.compile(r"^part-(\d{5})-of-(\d{5})$")
+
+
+def shard_id(index: int, count: int) -> str:
+    return f"part-{index:05d}-of-{count:05d}"
+
+
+def attempt_name(attempt: int) -> str:
+    return f"{attempt:04d}"
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """One input file as prepare saw it (path relative to the dataset root)."""
+
+    path: str
+    size: int
+    mtime_ns: int
+    rows: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class ShardSource:
+    """A contiguous byte range of one input file inside a shard."""
+
+    file: str
+    start: int
+    end: int
+    first_line: int  # 1-based line number of the range's first line in ``file``
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    id: str
+    path: str  # relative to the job directory
+    rows: int
+    bytes: int
+    sha256: str
+    first_row: int  # global 0-based index of the shard's first row
+    sources: tuple[ShardSource, ...] = ()
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Execution settings fixed at prepare time; every worker obeys the manifest's copy."""
+
+    num_shards: int
+    lock_timeout_secs: float = 300.0
+    heartbeat_secs: float = 30.0
+    max_retries: int = 2
+    poll_interval_secs: float = 5.0
+    ray_address: str = "local"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    dataset_path: str  # absolute
+    input_kind: str  # "file" or "dir"
+    files: tuple[InputFile, ...]
+    recipe_sha256: str
+    versions: dict[str, str]
+    policy: Policy
+    media_keys: tuple[str, ...]
+    index_keys: tuple[str, ...]
+    shards: tuple[ShardSpec, ...]
+    total_rows: int
+    total_bytes: int
+    created_at: float = 0.0
+    schema_version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str = "manifest.json") -> Manifest:
+        try:
+            if d.get("schema_version") != SCHEMA_VERSION:
+                raise IntegrityError(
+                    f"{where}: schema_version {d.get('schema_version')!r} is not {SCHEMA_VERSION}; "
+                    "prepare the job again with this version of data-juicer-elastic"
+                )
+            shards = tuple(
+                ShardSpec(**{**s, "sources": tuple(ShardSource(**src) for src in s.get("sources", ()))})
+                for s in d["shards"]
+            )
+            return cls(
+                dataset_path=d["dataset_path"],
+                input_kind=d["input_kind"],
+                files=tuple(InputFile(**f) for f in d["files"]),
+                recipe_sha256=d["recipe_sha256"],
+                versions=dict(d["versions"]),
+                policy=Policy(**d["policy"]),
+                media_keys=tuple(d["media_keys"]),
+                index_keys=tuple(d["index_keys"]),
+                shards=shards,
+                total_rows=d["total_rows"],
+                total_bytes=d["total_bytes"],
+                created_at=d.get("created_at", 0.0),
+                schema_version=d["schema_version"],
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, IntegrityError):
+                raise
+            raise IntegrityError(f"{where}: malformed manifest ({exc!r}); prepare the job again") from exc
+
+
+def confine(root: Path, rel: str, what: str = "path") -> Path:
+    """Resolve ``rel`` inside ``root``; refuse absolute paths, ``..`` and symlink escapes."""
+    if not isinstance(rel, str) or not rel or os.path.isabs(rel) or ".." in Path(rel).parts:
+        raise IntegrityError(f"{what} {rel!r} in {root} points outside the job directory; refusing to follow it")
+    path = root / rel
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(path)
+    if real != real_root and not real.startswith(real_root + os.sep):
+        raise IntegrityError(f"{what} {rel!r} in {root} resolves outside the job directory; refusing to follow it")
+    return path
+
+
+@dataclass
+class JobDir:
+    """Paths of one job directory. Creating this object touches nothing on disk."""
+
+    root: Path
+    _manifest: Manifest | None = field(default=None, repr=False)
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = Path(os.path.abspath(root))
+        self._manifest = None
+
+    # layout ---------------------------------------------------------------
+    @property
+    def manifest_path(self) -> Path:
+        return self.root / "manifest.json"
+
+    @property
+    def recipe_path(self) -> Path:
+        return self.root / "recipe.yaml"
+
+    @property
+    def shards_dir(self) -> Path:
+        return self.root / "shards"
+
+    @property
+    def attempts_dir(self) -> Path:
+        return self.root / "attempts"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / "state"
+
+    @property
+    def claims_dir(self) -> Path:
+        return self.state_dir / "claims"
+
+    @property
+    def done_dir(self) -> Path:
+        return self.state_dir / "done"
+
+    @property
+    def failed_dir(self) -> Path:
+        return self.state_dir / "failed"
+
+    @property
+    def retry_dir(self) -> Path:
+        return self.state_dir / "retry"
+
+    @property
+    def history_dir(self) -> Path:
+        return self.state_dir / "history"
+
+    @property
+    def clock_dir(self) -> Path:
+        return self.state_dir / "clock"
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.root / "runs"
+
+    @property
+    def merge_record_path(self) -> Path:
+        return self.root / "merge.json"
+
+    STATE_SUBDIRS = ("claims", "done", "failed", "retry", "history", "clock")
+
+    def done_path(self, sid: str) -> Path:
+        return self.done_dir / f"{sid}.json"
+
+    def failed_path(self, sid: str) -> Path:
+        return self.failed_dir / f"{sid}.json"
+
+    def retry_path(self, sid: str) -> Path:
+        return self.retry_dir / f"{sid}.json"
+
+    def attempt_dir(self, sid: str, attempt: int) -> Path:
+        return self.attempts_dir / sid / attempt_name(attempt)
+
+    def attempt_output(self, sid: str, attempt: int) -> Path:
+        return self.attempt_dir(sid, attempt) / "processed.jsonl"
+
+    def confine(self, rel: str, what: str = "path") -> Path:
+        return confine(self.root, rel, what)
+
+    # manifest -------------------------------------------------------------
+    def exists(self) -> bool:
+        return self.manifest_path.exists()
+
+    def manifest(self) -> Manifest:
+        """Load and check the manifest once; later calls reuse it (it is immutable)."""
+        if self._manifest is None:
+            if not self.manifest_path.exists():
+                raise UserError(
+                    f"{self.root}: no manifest.json; run `dj-elastic prepare` (or dj-process) for this job first"
+                )
+            try:
+                raw = read_json(self.manifest_path)
+            except ValueError as exc:
+                raise IntegrityError(f"{self.manifest_path}: not valid JSON ({exc}); prepare the job again") from exc
+            if not isinstance(raw, dict):
+                raise IntegrityError(f"{self.manifest_path}: not a JSON object; prepare the job again")
+            m = Manifest.from_dict(raw, str(self.manifest_path))
+            self._check(m)
+            self._manifest = m
+        return self._manifest
+
+    def _check(self, m: Manifest) -> None:
+        n = len(m.shards)
+        if n != m.policy.num_shards or n < 1:
+            raise IntegrityError(f"{self.manifest_path}: {n} shards listed but num_shards is {m.policy.num_shards}")
+        for i, s in enumerate(m.shards):
+            if s.id != shard_id(i, n):
+                raise IntegrityError(f"{self.manifest_path}: shard {i} is named {s.id!r}, expected {shard_id(i, n)!r}")
+            if s.path != f"shards/{s.id}.jsonl":
+                raise IntegrityError(f"{self.manifest_path}: shard {s.id} path {s.path!r} is not shards/{s.id}.jsonl")
+            self.confine(s.path, "shard path")
+
+    def shard(self, sid: str) -> ShardSpec:
+        m = SHARD_ID_RE.match(sid or "")
+        if not m:
+            raise UserError(f"{sid!r} is not a shard id (expected part-NNNNN-of-NNNNN)")
+        shards = self.manifest().shards
+        idx = int(m.group(1))
+        if idx >= len(shards) or shards[idx].id != sid:
+            raise UserError(f"{self.root}: no shard {sid!r} in this job ({len(shards)} shards)")
+        return shards[idx]
+
+    def shard_file(self, sid: str) -> Path:
+        return self.confine(self.shard(sid).path, "shard path")

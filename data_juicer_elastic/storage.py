@@ -1,0 +1,146 @@
+"""Storage primitives for a shared POSIX directory (NFS, CPFS, sshfs, local).
+
+Everything that makes a file visible to other nodes goes through here:
+``atomic_write`` (stage, fsync, rename), ``publish_once`` (first writer wins,
+by ``link``), ``create_exclusive`` (O_CREAT|O_EXCL) and ``server_now`` (the
+shared filesystem's clock, read from the mtime of a file just touched there).
+Nothing here knows about jobs or Data-Juicer.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+_JSON_OPTS = orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE
+
+
+def dumps_json(obj: Any) -> bytes:
+    """Canonical JSON: sorted keys, indented, trailing newline (deterministic bytes)."""
+    return orjson.dumps(obj, option=_JSON_OPTS)
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    with open(path, "rb") as f:
+        return orjson.loads(f.read())
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Make a rename or link inside ``path`` durable. Some filesystems refuse; that is fine."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def temp_name(path: str | os.PathLike) -> Path:
+    """A name beside ``path`` that no other process or node will pick."""
+    p = Path(path)
+    return p.with_name(f".{p.name}.tmp-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def _write_temp(path: str | os.PathLike, data: bytes) -> Path:
+    tmp = temp_name(path)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        _unlink_quietly(tmp)
+        raise
+    os.close(fd)
+    return tmp
+
+
+def _unlink_quietly(path: str | os.PathLike) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def atomic_write(path: str | os.PathLike, data: bytes) -> None:
+    """Replace ``path`` with ``data``: readers see the old bytes or the new, never a mix."""
+    tmp = _write_temp(path, data)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+    fsync_dir(Path(path).parent)
+
+
+def publish_once(path: str | os.PathLike, data: bytes) -> bool:
+    """Publish ``data`` at ``path`` unless something is already there.
+
+    The bytes are written whole under a temp name first and then hard-linked,
+    so the first publisher wins and nobody ever sees a partial record.
+    Returns True when this call published.
+    """
+    tmp = _write_temp(path, data)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    finally:
+        _unlink_quietly(tmp)
+    fsync_dir(Path(path).parent)
+    return True
+
+
+def create_exclusive(path: str | os.PathLike, data: bytes) -> bool:
+    """Create ``path`` with O_CREAT|O_EXCL and write ``data``; False if it exists.
+
+    Used for small lease files whose existence, not content, is the claim.
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    fsync_dir(Path(path).parent)
+    return True
+
+
+def touch(path: str | os.PathLike) -> None:
+    """Set mtime to *now on the file server*: utime with no times lets the server stamp it."""
+    os.utime(path, None)
+
+
+def server_now(probe: str | os.PathLike) -> float:
+    """Current time on the filesystem that holds ``probe`` (created if missing).
+
+    Node clocks may be skewed; the one clock every node sees alike is the one
+    that stamps mtimes on the shared directory.
+    """
+    try:
+        touch(probe)
+    except FileNotFoundError:
+        Path(probe).parent.mkdir(parents=True, exist_ok=True)
+        with open(probe, "ab"):
+            pass
+        touch(probe)
+    return os.stat(probe).st_mtime
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
