@@ -1,0 +1,150 @@
+"""Leases on shards, kept as files in ``state/claims``.
+
+Each attempt at a shard is one lease file, ``<shard>@<attempt>``, created
+with O_CREAT|O_EXCL: attempt numbers are the fencing tokens. Whoever creates
+``<shard>@<n+1>`` has superseded attempt ``n``, so when several workers find
+the same stale lease at once, exactly one wins the next number. A lease lives
+while its owner renews the file's mtime; it is stale once the shared
+filesystem's clock (never the local one) is ``lock_timeout`` past that mtime.
+Releasing a lease sets its mtime to 0, which makes it claimable at once.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from .jobdir import JobDir
+from .storage import create_exclusive, dumps_json, read_json, server_now
+
+SEP = "@"
+
+
+@dataclass(frozen=True)
+class Lease:
+    shard: str
+    attempt: int
+    host: str
+    pid: int
+    token: str
+    path: Path
+
+
+def lease_name(shard: str, attempt: int) -> str:
+    return f"{shard}{SEP}{attempt:04d}"
+
+
+def parse_lease_name(name: str) -> tuple[str, int] | None:
+    shard, sep, num = name.rpartition(SEP)
+    if not sep or not num.isdigit():
+        return None
+    return shard, int(num)
+
+
+class ClaimStore:
+    """Claim, renew, release and take over leases for one worker process."""
+
+    def __init__(self, job: JobDir, *, lock_timeout: float, host: str, pid: int | None = None) -> None:
+        self.job = job
+        self.lock_timeout = lock_timeout
+        self.host = host
+        self.pid = os.getpid() if pid is None else pid
+        self._probe = job.clock_dir / f"{host}-{self.pid}"
+
+    # views ----------------------------------------------------------------
+    def now(self) -> float:
+        """The shared filesystem's clock."""
+        return server_now(self._probe)
+
+    def latest_attempts(self) -> dict[str, int]:
+        """Highest attempt number per shard, from one directory listing."""
+        latest: dict[str, int] = defaultdict(int)
+        for name in os.listdir(self.job.claims_dir):
+            parsed = parse_lease_name(name)
+            if parsed and parsed[1] > latest[parsed[0]]:
+                latest[parsed[0]] = parsed[1]
+        return dict(latest)
+
+    def lease_path(self, shard: str, attempt: int) -> Path:
+        return self.job.claims_dir / lease_name(shard, attempt)
+
+    def heartbeat_age(self, shard: str, attempt: int, now: float) -> float | None:
+        """Seconds since the lease was renewed (inf if released); None if it vanished."""
+        try:
+            mtime = os.stat(self.lease_path(shard, attempt)).st_mtime
+        except FileNotFoundError:
+            return None
+        return float("inf") if mtime == 0 else now - mtime
+
+    def is_live(self, shard: str, attempt: int, now: float) -> bool:
+        age = self.heartbeat_age(shard, attempt, now)
+        return age is not None and age < self.lock_timeout
+
+    def read_lease(self, shard: str, attempt: int) -> dict | None:
+        try:
+            data = read_json(self.lease_path(shard, attempt))
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    # actions ----------------------------------------------------------------
+    def try_claim(self, shard: str, current: int) -> Lease | None:
+        """Take attempt ``current + 1`` of ``shard``; the caller judged ``current`` free or stale."""
+        attempt = current + 1
+        token = uuid.uuid4().hex
+        lease = Lease(shard, attempt, self.host, self.pid, token, self.lease_path(shard, attempt))
+        body = {"shard": shard, "attempt": attempt, "host": self.host, "pid": self.pid, "token": token}
+        if not create_exclusive(lease.path, dumps_json(body)):
+            return None
+        if not self.is_current(lease):  # our listing was old: a later attempt already exists
+            return None
+        return lease
+
+    def is_current(self, lease: Lease) -> bool:
+        """True while no later attempt exists; attempt numbers only ever grow by one."""
+        return not self.lease_path(lease.shard, lease.attempt + 1).exists()
+
+    def renew(self, lease: Lease) -> None:
+        os.utime(lease.path, None)
+
+    def release(self, lease: Lease) -> None:
+        """Make the shard claimable at once (mtime 0 reads as infinitely stale)."""
+        try:
+            os.utime(lease.path, (0, 0))
+        except FileNotFoundError:
+            pass
+
+
+class Heartbeat:
+    """Renews a lease from a background thread until stopped or superseded."""
+
+    def __init__(self, store: ClaimStore, lease: Lease, interval: float) -> None:
+        self.store = store
+        self.lease = lease
+        self.interval = interval
+        self.superseded = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{lease.shard}", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                if not self.store.is_current(self.lease):
+                    self.superseded.set()
+                    return
+                self.store.renew(self.lease)
+            except OSError:
+                # A flaky shared mount: keep trying; the lease just ages meanwhile.
+                continue
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()

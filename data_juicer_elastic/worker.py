@@ -1,0 +1,286 @@
+"""The claim loop: claim a shard, run it, verify the output, publish done.
+
+How a shard is processed is the runner's business (see ``Runner``); the loop
+only guarantees the protocol: one live lease per shard, output written inside
+the attempt's own directory, a done record published only after the output
+was re-read, a superseded attempt never publishing, and a per-shard retry
+budget after which the shard fails terminally and the job stops.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import threading
+import time
+import traceback
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from .claims import ClaimStore, Heartbeat, Lease
+from .errors import IntegrityError, UserError
+from .identity import hostname
+from .jobdir import JobDir, attempt_name
+from .outputs import inspect_output
+from .storage import atomic_write, dumps_json, publish_once, read_json
+
+# Outcomes of an attempt that do not count against the retry budget: the
+# worker was told to stop, or it stalled and someone else took the shard.
+NOT_FAILURES = ("interrupted", "superseded", "done", "duplicate")
+
+
+class Runner(Protocol):
+    def __call__(self, shard_path: str, output_path: str, job_dir: str) -> None: ...
+
+
+class Interrupted(BaseException):
+    """Raised in the main thread by SIGTERM/SIGINT so a running shard stops at once."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@dataclass
+class WorkerResult:
+    exit_code: int
+    completed: list[str] = field(default_factory=list)
+    message: str = ""
+
+
+def load_runner(spec: str) -> Runner:
+    """``MODULE:ATTR``; ATTR is the runner, or a factory marked ``runner_factory = True``."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise UserError(f"--runner {spec!r}: expected MODULE:ATTR, e.g. mypkg.runners:copy_runner")
+    try:
+        obj = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise UserError(f"--runner {spec!r}: cannot load it ({exc}); check the module is importable") from exc
+    return obj() if getattr(obj, "runner_factory", False) else obj
+
+
+def failure_count(job: JobDir, shard: str, upto: int) -> int:
+    """Attempts 1..upto after the last retry that failed or were lost (killed, never finished)."""
+    base = 0
+    if job.retry_path(shard).exists():
+        base = int(read_json(job.retry_path(shard)).get("after_attempt", 0))
+    count = 0
+    for attempt in range(base + 1, upto + 1):
+        try:
+            outcome = read_json(job.attempt_dir(shard, attempt) / "attempt.json").get("outcome")
+        except (OSError, ValueError):
+            outcome = None  # claimed but never started: lost
+        if outcome not in NOT_FAILURES:
+            count += 1
+    return count
+
+
+class Worker:
+    """One worker process's view of one job."""
+
+    def __init__(
+        self,
+        job_dir: str | os.PathLike,
+        runner: Runner,
+        *,
+        host: str | None = None,
+        max_shards: int | None = None,
+        claim_limit: int | None = None,
+        stop_when_idle: bool = False,
+        should_stop: Callable[[], bool] | None = None,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        self.job = JobDir(job_dir)
+        self.manifest = self.job.manifest()
+        self.policy = self.manifest.policy
+        self.runner = runner
+        self.host = host or hostname()
+        self.max_shards = max_shards
+        self.claim_limit = claim_limit
+        self.stop_when_idle = stop_when_idle
+        self.should_stop = should_stop or (lambda: False)
+        self.log = log
+        self.store = ClaimStore(self.job, lock_timeout=self.policy.lock_timeout_secs, host=self.host)
+        self.order = [s.id for s in self.manifest.shards]
+        # Start the scan at a per-process offset so racing workers rarely collide.
+        self._offset = zlib.crc32(f"{self.host}:{os.getpid()}".encode()) % len(self.order)
+        self.claimed = 0
+
+    # scanning ---------------------------------------------------------------
+    def _records(self, path: Path) -> set[str]:
+        return {n[:-5] for n in os.listdir(path) if n.endswith(".json") and not n.startswith(".")}
+
+    def _candidates(self) -> tuple[list[tuple[str, int]], set[str], set[str]]:
+        """Shards that may be claimable now, free ones first, and the done/failed sets."""
+        done = self._records(self.job.done_dir)
+        failed = self._records(self.job.failed_dir)
+        latest = self.store.latest_attempts()
+        ordered = self.order[self._offset:] + self.order[: self._offset]
+        free, held = [], []
+        for sid in ordered:
+            if sid in done or sid in failed:
+                continue
+            (held if latest.get(sid) else free).append((sid, latest.get(sid, 0)))
+        return free + held, done, failed
+
+    def _claim_next(self) -> tuple[Lease | None, set[str], set[str]]:
+        candidates, done, failed = self._candidates()
+        if failed or len(done) == len(self.order):
+            return None, done, failed
+        now = None
+        for sid, current in candidates:
+            if current:
+                now = self.store.now() if now is None else now
+                if self.store.is_live(sid, current, now):
+                    continue
+            if failure_count(self.job, sid, current) > self.policy.max_retries:
+                self._publish_failed(sid, current, "attempts lost (worker killed or stalled) past the retry budget")
+                return None, done, self._records(self.job.failed_dir)
+            lease = self.store.try_claim(sid, current)
+            if lease is None:
+                continue
+            if self.job.done_path(sid).exists():  # finished while we looked
+                self.store.release(lease)
+                continue
+            return lease, done, failed
+        return None, done, failed
+
+    # running ------------------------------------------------------------------
+    def run(self) -> WorkerResult:
+        result = WorkerResult(exit_code=0)
+        self.log(f"worker started on host={self.host} pid={os.getpid()} job_dir={self.job.root}")
+        with _signals_raise_interrupted():
+            try:
+                while True:
+                    if self.should_stop():
+                        result.exit_code, result.message = 1, "stopped before the job completed"
+                        return result
+                    if self.max_shards is not None and len(result.completed) >= self.max_shards:
+                        result.message = f"--max-shards {self.max_shards} reached"
+                        return result
+                    if self.claim_limit is not None and self.claimed >= self.claim_limit:
+                        result.message = f"claimed its share of {self.claim_limit} shard(s)"
+                        return result
+                    lease, done, failed = self._claim_next()
+                    if failed:
+                        sid = sorted(failed)[0]
+                        result.exit_code, result.message = 2, self._failure_message(sid)
+                        return result
+                    if len(done) == len(self.order):
+                        result.message = f"all {len(self.order)} shards done"
+                        return result
+                    if lease is None:
+                        if self.stop_when_idle:
+                            result.exit_code, result.message = 1, "no claimable shard left; others still running"
+                            return result
+                        time.sleep(self.policy.poll_interval_secs)
+                        continue
+                    self.claimed += 1
+                    outcome = self._run_attempt(lease)
+                    if outcome == "done":
+                        result.completed.append(lease.shard)
+            except Interrupted as exc:
+                result.exit_code, result.message = 128 + exc.signum, f"interrupted by {exc}"
+                return result
+
+    def _run_attempt(self, lease: Lease) -> str:
+        sid, attempt = lease.shard, lease.attempt
+        adir = self.job.attempt_dir(sid, attempt)
+        adir.mkdir(parents=True, exist_ok=True)
+        output = adir / "processed.jsonl"
+        info = {
+            "shard": sid, "attempt": attempt, "host": self.host, "pid": os.getpid(),
+            "token": lease.token, "started_at": time.time(), "outcome": "running",
+        }
+        atomic_write(adir / "attempt.json", dumps_json(info))
+        self.log(f"claimed {sid} attempt {attempt_name(attempt)}")
+        heartbeat = Heartbeat(self.store, lease, self.policy.heartbeat_secs)
+        try:
+            with heartbeat:
+                self.runner(str(self.job.shard_file(sid)), str(output), str(self.job.root))
+                digest = inspect_output(output)
+        except Interrupted:
+            self._finish(adir, info, "interrupted")
+            self.store.release(lease)
+            raise
+        except Exception as exc:  # the runner's failure fails the attempt, not the worker
+            return self._attempt_failed(lease, adir, info, exc)
+        if heartbeat.superseded.is_set() or not self.store.is_current(lease):
+            self._finish(adir, info, "superseded", "lease taken over by a later attempt; output not published")
+            self.log(f"{sid} attempt {attempt_name(attempt)} superseded; not publishing")
+            return "superseded"
+        record = {
+            "shard": sid, "attempt": attempt, "host": self.host, "pid": os.getpid(),
+            "rows": digest.rows, "bytes": digest.bytes, "sha256": digest.sha256,
+            "output": str(output.relative_to(self.job.root)),
+            "started_at": info["started_at"], "finished_at": time.time(),
+        }
+        if not publish_once(self.job.done_path(sid), dumps_json(record)):
+            self._finish(adir, info, "duplicate", "another attempt published done first")
+            return "duplicate"
+        self._finish(adir, info, "done")
+        self.log(f"done {sid} rows={digest.rows} attempt {attempt_name(attempt)}")
+        return "done"
+
+    def _attempt_failed(self, lease: Lease, adir: Path, info: dict, exc: Exception) -> str:
+        error = f"{type(exc).__name__}: {exc}"
+        with open(adir / "process.log", "a", encoding="utf-8") as f:
+            f.write("\n" + "".join(traceback.format_exception(exc)))
+        self._finish(adir, info, "failed", error)
+        failures = failure_count(self.job, lease.shard, lease.attempt)
+        self.log(f"{lease.shard} attempt {attempt_name(lease.attempt)} failed ({failures} failure(s)): {error}")
+        if failures > self.policy.max_retries:
+            self._publish_failed(lease.shard, lease.attempt, error)
+        self.store.release(lease)
+        return "failed"
+
+    def _finish(self, adir: Path, info: dict, outcome: str, error: str | None = None) -> None:
+        info.update(outcome=outcome, finished_at=time.time(), error=error)
+        atomic_write(adir / "attempt.json", dumps_json(info))
+
+    def _publish_failed(self, sid: str, attempt: int, error: str) -> None:
+        log_path = self.job.attempt_dir(sid, attempt) / "process.log"
+        record = {
+            "shard": sid, "attempt": attempt, "host": self.host, "pid": os.getpid(), "error": error,
+            "log": str(log_path.relative_to(self.job.root)),
+            "failures": failure_count(self.job, sid, attempt), "at": time.time(),
+        }
+        publish_once(self.job.failed_path(sid), dumps_json(record))
+
+    def _failure_message(self, sid: str) -> str:
+        try:
+            rec = read_json(self.job.failed_path(sid))
+            log = self.job.confine(rec["log"], "failed record log")
+            return (f"shard {sid} failed terminally after {rec.get('failures')} failure(s): {rec.get('error')}; "
+                    f"see {log}; fix the cause, then `dj-elastic retry --job-dir {self.job.root} --shard-id {sid}`")
+        except (OSError, ValueError, KeyError, IntegrityError):
+            return f"shard {sid} failed terminally; see {self.job.failed_path(sid)}"
+
+
+class _signals_raise_interrupted:
+    """SIGTERM/SIGINT raise ``Interrupted`` in the main thread (no-op in other threads)."""
+
+    def __enter__(self) -> None:
+        self._old: dict[int, object] = {}
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._old[sig] = signal.signal(sig, _raise_interrupted)
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+
+
+def _raise_interrupted(signum: int, frame: object) -> None:
+    raise Interrupted(signum)
+
+
+def run_worker(job_dir: str | os.PathLike, runner: Runner, **options) -> WorkerResult:
+    """Run the claim loop until the job is complete, failed, or a limit is reached."""
+    return Worker(job_dir, runner, **options).run()

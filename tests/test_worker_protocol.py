@@ -1,0 +1,168 @@
+"""The claim protocol with real worker processes racing on a real directory."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import orjson
+import pytest
+
+from data_juicer_elastic.claims import ClaimStore
+from data_juicer_elastic.cli import main as cli_main
+from data_juicer_elastic.merge import merge
+from data_juicer_elastic.status import job_status
+from data_juicer_elastic.worker import run_worker
+
+from .jobs import attempt_outcomes, concatenated_shards, make_job, spawn_worker, wait_for
+from .runners import copy
+
+
+def test_sixteen_workers_race_over_200_shards_each_done_once(tmp_path):
+    job = make_job(tmp_path, rows=1000, shards=200)
+    procs = [spawn_worker(job, "copy") for _ in range(16)]
+    codes = [p.wait(timeout=240) for p in procs]
+    assert codes == [0] * 16
+    outcomes = attempt_outcomes(job)
+    assert len(outcomes) == 200
+    # every shard ran its runner once and published once: no duplicate, no superseded work
+    assert all(o == ["done"] for o in outcomes.values()), {k: v for k, v in outcomes.items() if v != ["done"]}
+    assert len(os.listdir(job.done_dir)) == 200
+    out = tmp_path / "merged.jsonl"
+    merge(job, str(out), log=lambda *_: None)
+    assert out.read_bytes() == concatenated_shards(job)
+
+
+def test_kill9_mid_shard_then_another_worker_finishes_after_lease_expires(tmp_path):
+    job = make_job(tmp_path, rows=60, shards=6, lock_timeout_secs=2.0, heartbeat_secs=0.3)
+    victim = spawn_worker(job, "slow_copy", DJE_TEST_SLEEP="60", DJE_TEST_SLOW_SHARDS="part-00003-of-00006")
+    started = job.attempts_dir / "part-00003-of-00006" / "0001" / "started"
+    # the victim works through shards in its own order; wait until it is inside the slow one
+    wait_for(started.exists, timeout=60)
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait()
+    t0 = time.monotonic()
+    rescuer = spawn_worker(job, "copy")
+    assert rescuer.wait(timeout=60) == 0
+    assert time.monotonic() - t0 >= 1.0, "the dead lease must age out before takeover"
+    outcomes = attempt_outcomes(job)
+    assert outcomes["part-00003-of-00006"] == ["running", "done"]
+    out = tmp_path / "merged.jsonl"
+    merge(job, str(out), log=lambda *_: None)
+    assert out.read_bytes() == concatenated_shards(job)
+
+
+def test_sigterm_records_interrupted_and_releases_the_lease_at_once(tmp_path):
+    job = make_job(tmp_path, rows=10, shards=1, lock_timeout_secs=600.0)
+    worker = spawn_worker(job, "slow_copy", DJE_TEST_SLEEP="60")
+    wait_for((job.attempts_dir / "part-00000-of-00001" / "0001" / "started").exists)
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=20) == 128 + signal.SIGTERM
+    assert attempt_outcomes(job)["part-00000-of-00001"] == ["interrupted"]
+    assert job_status(job).counts["pending"] == 1
+    # with a 600 s lock timeout, only the release makes it claimable now
+    result = run_worker(job.root, copy, log=lambda *_: None)
+    assert result.exit_code == 0
+    assert attempt_outcomes(job)["part-00000-of-00001"] == ["interrupted", "done"]
+
+
+def test_retry_budget_terminal_failure_then_retry_keeps_history(tmp_path, capsys):
+    job = make_job(tmp_path, rows=40, shards=4, max_retries=1)
+    env = {"DJE_TEST_FAIL_SHARDS": "part-00002-of-00004"}
+    p = spawn_worker(job, "fail", **env)
+    assert p.wait(timeout=60) == 2
+    assert attempt_outcomes(job)["part-00002-of-00004"] == ["failed", "failed"]
+    record = orjson.loads(job.failed_path("part-00002-of-00004").read_bytes())
+    assert record["failures"] == 2 and "injected failure" in record["error"]
+    assert (job.root / record["log"]).exists()
+    assert cli_main(["status", "--job-dir", str(job.root)]) == 2
+    # retry: the failed record is archived, never deleted, and the budget starts afresh
+    assert cli_main(["retry", "--job-dir", str(job.root), "--all-failed"]) == 0
+    assert not job.failed_path("part-00002-of-00004").exists()
+    archived = [n for n in os.listdir(job.history_dir) if "part-00002-of-00004.failed" in n]
+    assert len(archived) == 1
+    assert run_worker(job.root, copy, log=lambda *_: None).exit_code == 0
+    assert attempt_outcomes(job)["part-00002-of-00004"] == ["failed", "failed", "done"]
+    assert cli_main(["verify", "--job-dir", str(job.root)]) == 0
+
+
+def _race_for_stale_lease(job_root: str, barrier, results) -> None:
+    from data_juicer_elastic.jobdir import JobDir
+
+    store = ClaimStore(JobDir(job_root), lock_timeout=1.0, host=f"racer-{os.getpid()}")
+    barrier.wait()
+    lease = store.try_claim("part-00000-of-00001", 1)
+    results.put(lease is not None)
+
+
+def test_racing_takeover_of_one_stale_lease_has_one_winner(tmp_path):
+    job = make_job(tmp_path, rows=5, shards=1)
+    store = ClaimStore(job, lock_timeout=1.0, host="dead")
+    lease = store.try_claim("part-00000-of-00001", 0)
+    os.utime(lease.path, (1, 1))  # long dead
+    ctx = mp.get_context("fork")
+    barrier, results = ctx.Barrier(8), ctx.Queue()
+    procs = [ctx.Process(target=_race_for_stale_lease, args=(str(job.root), barrier, results)) for _ in range(8)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(30)
+    wins = [results.get(timeout=5) for _ in procs]
+    assert wins.count(True) == 1
+    assert sorted(os.listdir(job.claims_dir)) == ["part-00000-of-00001@0001", "part-00000-of-00001@0002"]
+
+
+def test_live_lease_is_not_taken_and_staleness_uses_the_file_clock(tmp_path):
+    job = make_job(tmp_path, rows=5, shards=1)
+    owner = ClaimStore(job, lock_timeout=5.0, host="a")
+    lease = owner.try_claim("part-00000-of-00001", 0)
+    other = ClaimStore(job, lock_timeout=5.0, host="b")
+    now = other.now()
+    assert abs(now - os.stat(lease.path).st_mtime) < 2.0
+    assert other.is_live("part-00000-of-00001", 1, now)
+    os.utime(lease.path, (now - 10, now - 10))
+    assert not other.is_live("part-00000-of-00001", 1, other.now())
+    assert other.try_claim("part-00000-of-00001", 1) is not None
+    assert not owner.is_current(lease)
+
+
+def test_stalled_worker_is_superseded_and_cannot_publish(tmp_path):
+    job = make_job(tmp_path, rows=10, shards=1, lock_timeout_secs=1.5, heartbeat_secs=0.2)
+    sid = "part-00000-of-00001"
+    stalled = spawn_worker(job, "slow_copy", DJE_TEST_SLEEP="2")
+    wait_for((job.attempts_dir / sid / "0001" / "started").exists)
+    os.kill(stalled.pid, signal.SIGSTOP)
+    try:
+        rescuer = spawn_worker(job, "copy")
+        assert rescuer.wait(timeout=30) == 0
+    finally:
+        os.kill(stalled.pid, signal.SIGCONT)
+    assert stalled.wait(timeout=30) == 0  # resumes, cannot publish, sees the job done, exits cleanly
+    assert attempt_outcomes(job)[sid] == ["superseded", "done"]
+    assert orjson.loads(job.done_path(sid).read_bytes())["attempt"] == 2
+
+
+def test_status_json_counts_and_shards(tmp_path, capsys):
+    job = make_job(tmp_path, rows=30, shards=3)
+    run_worker(job.root, copy, max_shards=2, log=lambda *_: None)
+    assert cli_main(["status", "--job-dir", str(job.root), "--json"]) == 1
+    data = orjson.loads(capsys.readouterr().out)
+    assert data["counts"] == {"pending": 1, "running": 0, "stale": 0, "done": 2, "failed": 0}
+    assert {"id", "state", "host", "attempts", "rows"} <= set(data["shards"][0])
+
+
+@pytest.mark.parametrize("argv", [["worker", "--job-dir", "/nonexistent/job"], ["status", "--job-dir", "/nope"]])
+def test_missing_job_dir_is_a_user_error(argv, capsys):
+    assert cli_main(argv) == 2
+    assert "no manifest.json" in capsys.readouterr().err
+
+
+def test_cli_worker_unknown_runner_exit_2(tmp_path):
+    job = make_job(tmp_path, rows=5, shards=1)
+    cmd = [sys.executable, "-m", "data_juicer_elastic.cli", "worker", "--job-dir", str(job.root), "--runner", "nope:x"]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=str(tmp_path))
+    assert p.returncode == 2 and "--runner 'nope:x'" in p.stderr
