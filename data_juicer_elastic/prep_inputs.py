@@ -1,0 +1,260 @@
+"""Input discovery for prepare: which files, in which order, and did they change.
+
+A dataset is one JSONL file or a directory scanned recursively for
+``*.jsonl``, ``*.jsonl.gz`` and ``*.jsonl.zst``, ordered by relative path
+(plain string sort of the posix path). Compressed files are decompressed into
+the staging folder once, so every later step reads plain bytes with seeks;
+byte ranges in the manifest then refer to the decompressed stream.
+"""
+
+from __future__ import annotations
+
+import errno
+import gzip
+import hashlib
+import os
+import stat
+import zlib
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import BinaryIO
+
+from .errors import UserError
+
+SUFFIXES = {".jsonl": None, ".jsonl.gz": "gz", ".jsonl.zst": "zst"}
+BLOCK = 16 << 20
+STAGING_MARK = ".dje-staging-"
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """What a cheap check compares: enough to notice an edit without hashing."""
+
+    size: int
+    mtime_ns: int
+    ino: int
+    dev: int
+
+    @classmethod
+    def of(cls, path: str) -> Fingerprint:
+        st = os.stat(path)
+        return cls(st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One input file as discovered (before reading it)."""
+
+    rel: str  # name in the manifest: posix path relative to the root (file input: the file name)
+    path: str  # absolute path of the file as found
+    codec: str | None  # None, "gz" or "zst"
+    media_base: str  # folder relative media paths resolve against
+    seen: Fingerprint
+
+
+@dataclass(frozen=True)
+class Dataset:
+    root: str  # absolute dataset path as given (file or directory)
+    kind: str  # "file" or "dir"
+    inputs: tuple[InputSpec, ...]
+
+
+def codec_of(name: str) -> tuple[bool, str | None]:
+    for suffix, codec in SUFFIXES.items():
+        if name.endswith(suffix):
+            return True, codec
+    return False, None
+
+
+def discover(dataset_path: str, exclude: tuple[str, ...] = ()) -> Dataset:
+    """Find the input files; ``exclude`` holds real paths of folders to skip (the job dir)."""
+    root = os.path.abspath(dataset_path)
+    try:
+        st = os.stat(root)
+    except OSError as exc:
+        raise _unreadable(root, exc) from exc
+    if stat.S_ISDIR(st.st_mode):
+        inputs = _scan_dir(root, {os.path.realpath(p) for p in exclude})
+        return Dataset(root, "dir", inputs)
+    if not stat.S_ISREG(st.st_mode):
+        raise UserError(f"{root}: not a regular file or directory; pass a JSONL file or a folder of them")
+    _, codec = codec_of(os.path.basename(root))
+    spec = _spec(root, os.path.basename(root), codec, os.path.dirname(root))
+    return Dataset(root, "file", (spec,))
+
+
+def _scan_dir(root: str, exclude: set[str]) -> tuple[InputSpec, ...]:
+    found: list[InputSpec] = []
+    _walk(root, (), root, exclude, (os.path.realpath(root),), found)
+    if not found:
+        if not _has_entries(root):
+            raise UserError(f"{root}: the dataset directory is empty; put .jsonl files in it or pass another path")
+        raise UserError(
+            f"{root}: no *.jsonl, *.jsonl.gz or *.jsonl.zst files found (searched recursively); "
+            "name the JSONL files with one of these suffixes or pass the file itself"
+        )
+    found.sort(key=lambda s: s.rel)
+    return tuple(found)
+
+
+def _has_entries(path: str) -> bool:
+    with os.scandir(path) as it:
+        return any(True for _ in it)
+
+
+def _walk(
+    folder: str, parts: tuple[str, ...], root: str, exclude: set[str], ancestors: tuple[str, ...], out: list[InputSpec]
+) -> None:
+    """Recurse following symlinks; a folder that is its own ancestor is a loop."""
+    try:
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    except OSError as exc:
+        raise _unreadable(folder, exc) from exc
+    for entry in entries:
+        if STAGING_MARK in entry.name:
+            continue
+        path = entry.path
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            if codec_of(entry.name)[0] or exc.errno == errno.ELOOP:
+                raise _unreadable(path, exc) from exc
+            continue  # a dangling link that is no input is none of our business
+        if stat.S_ISDIR(st.st_mode):
+            real = os.path.realpath(path)
+            if real in exclude:
+                continue
+            if real in ancestors:
+                raise UserError(
+                    f"{path}: symlink loop (it leads back to {real}); remove the link or point it elsewhere"
+                )
+            _walk(path, parts + (entry.name,), root, exclude, ancestors + (real,), out)
+            continue
+        matched, codec = codec_of(entry.name)
+        if not matched:
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            raise UserError(f"{path}: not a regular file; replace it with a plain JSONL file or remove it")
+        out.append(_spec(path, str(PurePosixPath(*parts, entry.name)), codec, root))
+
+
+def _spec(path: str, rel: str, codec: str | None, media_base: str) -> InputSpec:
+    try:
+        with open(path, "rb"):
+            pass
+        seen = Fingerprint.of(path)
+    except OSError as exc:
+        raise _unreadable(path, exc) from exc
+    if seen.size == 0:
+        raise UserError(f"{path}: empty file; add rows (one JSON object per line) or remove it")
+    return InputSpec(rel=rel, path=path, codec=codec, media_base=media_base, seen=seen)
+
+
+def _unreadable(path: str, exc: OSError) -> UserError:
+    if exc.errno == errno.ELOOP:
+        return UserError(f"{path}: symlink loop ({exc.strerror}); remove the link or point it at a real file")
+    if exc.errno == errno.ENOENT:
+        return UserError(f"{path}: does not exist (or is a dangling symlink); fix the path or the link")
+    return UserError(f"{path}: cannot be read ({exc.strerror}); make it readable (chmod) or remove it")
+
+
+def check_unchanged(spec: InputSpec, hashed_bytes: int | None = None) -> None:
+    """Refuse an input whose size, mtime or inode moved while prepare read it.
+
+    ``hashed_bytes`` is how much the hashing pass read; it must equal the size seen at discovery.
+    """
+    try:
+        now = Fingerprint.of(spec.path)
+    except OSError as exc:
+        raise _unreadable(spec.path, exc) from exc
+    if now != spec.seen or (hashed_bytes is not None and hashed_bytes != spec.seen.size):
+        raise changed_error(spec, now)
+
+
+def changed_error(spec: InputSpec, now: Fingerprint | None = None) -> UserError:
+    moved = f" (size {spec.seen.size} -> {now.size}, mtime_ns {spec.seen.mtime_ns} -> {now.mtime_ns})" if now else ""
+    return UserError(
+        f"{spec.path}: changed while prepare read it{moved}; wait until nothing writes it, then prepare again"
+    )
+
+
+@dataclass(frozen=True)
+class Materialised:
+    """The plain bytes prepare reads for one input, plus the original file's hash when known."""
+
+    data_path: str
+    data_size: int
+    sha256: str | None  # of the original (compressed) file; None for plain files (hashed later)
+
+
+def materialise(spec: InputSpec, dest: str) -> Materialised:
+    """Plain inputs are read in place; compressed ones are decompressed to ``dest`` once."""
+    if spec.codec is None:
+        return Materialised(spec.path, spec.seen.size, None)
+    digest = hashlib.sha256()
+    try:
+        raw = open(spec.path, "rb")
+    except OSError as exc:
+        raise _unreadable(spec.path, exc) from exc
+    with raw, open(dest, "wb") as out:
+        try:
+            size = _copy(_decompressor(spec.codec, _HashingReader(raw, digest)), out)
+        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+            raise _corrupt(spec, exc) from exc
+        except OSError:
+            raise
+        except Exception as exc:  # zstandard.ZstdError, without importing zstandard for plain inputs
+            if type(exc).__module__.startswith("zstandard"):
+                raise _corrupt(spec, exc) from exc
+            raise
+    if size == 0:
+        raise UserError(f"{spec.path}: decompresses to nothing; add rows (one JSON object per line) or remove it")
+    return Materialised(dest, size, digest.hexdigest())
+
+
+def _corrupt(spec: InputSpec, exc: BaseException) -> UserError:
+    return UserError(f"{spec.path}: not a valid .{spec.codec} file ({exc}); re-compress it or use the plain .jsonl")
+
+
+def _decompressor(codec: str, raw: BinaryIO) -> BinaryIO:
+    if codec == "gz":
+        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
+    import zstandard
+
+    return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)  # type: ignore[return-value]
+
+
+def _copy(reader: BinaryIO, out: BinaryIO) -> int:
+    size = 0
+    while block := reader.read(BLOCK):
+        out.write(block)
+        size += len(block)
+    return size
+
+
+class _HashingReader:
+    """File wrapper that hashes the compressed bytes as the decompressor pulls them."""
+
+    def __init__(self, raw: BinaryIO, digest: hashlib._Hash) -> None:
+        self.raw, self.digest = raw, digest
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.raw.read(n)
+        self.digest.update(data)
+        return data
+
+    def readable(self) -> bool:
+        return True
+
+
+def hash_file(path: str) -> tuple[str, int]:
+    """sha256 and byte count of a file, read in large blocks into one reused buffer."""
+    digest = hashlib.sha256()
+    buf = bytearray(BLOCK)
+    view = memoryview(buf)
+    total = 0
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            digest.update(view[:n])
+            total += n
+    return digest.hexdigest(), total

@@ -1,0 +1,157 @@
+"""Strict JSONL validation and row normalisation, a block of lines at a time.
+
+Every line must be one UTF-8 JSON object. The common case is checked with a
+chain of C-level calls (``map(orjson.loads)`` -> ``dict.keys`` -> key test)
+that keeps no row alive, so a block costs about one orjson parse. Only when
+that fails is the block walked line by line, to name the first bad line and
+say why. Rows are re-serialised (orjson.dumps) only where something changes:
+a relative media path made absolute, or a missing index key filled in; all
+other lines keep their bytes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from dataclasses import dataclass
+from itertools import compress
+from operator import not_
+
+import orjson
+
+BOM = b"\xef\xbb\xbf"
+REMOTE_PREFIXES = ("http://", "https://", "s3://", "gs://", "hdfs://")
+_WHITESPACE = b" \t\r"
+
+
+class LineProblem(Exception):
+    """A bad line: ``index`` is its position in the block handed in."""
+
+    def __init__(self, index: int, message: str) -> None:
+        super().__init__(message)
+        self.index = index
+        self.message = message
+
+
+@dataclass(frozen=True)
+class RowRules:
+    media_keys: tuple[str, ...]
+    index_keys: tuple[str, ...]
+    media_base: str  # absolute folder relative media paths are joined to
+
+    @property
+    def media_set(self) -> frozenset[str]:
+        return frozenset(self.media_keys)
+
+
+def process_lines(lines: list[bytes], rules: RowRules, first_row: int) -> list[bytes] | None:
+    """Validate ``lines``; return replacement lines if any row changed, None to keep the raw bytes.
+
+    ``first_row`` is the global row index of ``lines[0]`` (used for index keys).
+    Raises LineProblem for the first invalid line.
+    """
+    if rules.index_keys:
+        return _process_each(lines, rules, first_row)
+    flags = _fast_scan(lines, rules.media_set)
+    if flags is None or all(flags):
+        return None
+    out: list[bytes] | None = None
+    for i in compress(range(len(flags)), map(not_, flags)):
+        row = orjson.loads(lines[i])
+        if _normalise(row, rules, i, first_row + i):
+            if out is None:
+                out = list(lines)
+            out[i] = orjson.dumps(row)
+    return out
+
+
+def _fast_scan(lines: list[bytes], media: frozenset[str]) -> list[bool] | None:
+    """One C-level pass: every line an object; per line, True if it has none of the media keys."""
+    try:
+        rows = map(dict.keys, map(orjson.loads, lines))  # dict.keys raises TypeError on a non-object
+        if media:
+            return list(map(media.isdisjoint, rows))
+        deque(rows, maxlen=0)
+        return None
+    except (ValueError, TypeError):
+        pass
+    for i, line in enumerate(lines):
+        problem = diagnose(line)
+        if problem:
+            raise LineProblem(i, problem)
+    raise AssertionError("block failed validation but no line did")  # pragma: no cover
+
+
+def _process_each(lines: list[bytes], rules: RowRules, first_row: int) -> list[bytes] | None:
+    """Index keys touch (nearly) every row, so walk the rows one by one."""
+    out: list[bytes] | None = None
+    for i, line in enumerate(lines):
+        try:
+            row = orjson.loads(line)
+        except ValueError:
+            row = None
+        if type(row) is not dict:
+            raise LineProblem(i, diagnose(line) or "not a JSON object")
+        if _normalise(row, rules, i, first_row + i):
+            if out is None:
+                out = list(lines)
+            out[i] = orjson.dumps(row)
+    return out
+
+
+def _normalise(row: dict, rules: RowRules, index: int, global_row: int) -> bool:
+    changed = False
+    for key in rules.media_keys:
+        if key in row:
+            changed |= _absolute_media(row, key, rules.media_base, index)
+    for key in rules.index_keys:
+        if key not in row:
+            row[key] = global_row
+            changed = True
+    return changed
+
+
+def _absolute_media(row: dict, key: str, base: str, index: int) -> bool:
+    value = row[key]
+    if value is None:
+        return False
+    if type(value) is not list or not all(type(p) is str for p in value):
+        got = _kind(value) if type(value) is not list else "a list holding a non-string"
+        raise LineProblem(
+            index, f"media key {key!r} must be a list of strings or null, got {got}; write it as [\"path\", ...]"
+        )
+    fixed = [p if is_absolute(p) else os.path.join(base, p) for p in value]
+    if fixed == value:
+        return False
+    row[key] = fixed
+    return True
+
+
+def is_absolute(path: str) -> bool:
+    """Absolute local paths and URLs are kept, as Data-Juicer's own loader does."""
+    return path.startswith(REMOTE_PREFIXES) or os.path.isabs(path)
+
+
+def diagnose(line: bytes) -> str | None:
+    """Why ``line`` is not one JSON object (None if it is one): the what and the fix."""
+    if line.startswith(BOM):
+        return "starts with a UTF-8 byte order mark (BOM); save the file as UTF-8 without BOM"
+    if not line.strip(_WHITESPACE):
+        return "blank line; remove it (every line must hold exactly one JSON object)"
+    try:
+        line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"invalid UTF-8 at byte {exc.start + 1} of the line; re-encode the file as UTF-8"
+    try:
+        row = orjson.loads(line)
+    except ValueError as exc:
+        return f"not valid JSON ({exc}); each line must be one complete JSON object (truncated or split row?)"
+    if type(row) is not dict:
+        return f"holds {_kind(row)}, not a JSON object; each line must be one object such as {{\"text\": \"...\"}}"
+    return None
+
+
+def _kind(value: object) -> str:
+    names = {list: "a JSON array", str: "a JSON string", int: "a JSON number", float: "a JSON number",
+             bool: "a JSON boolean", dict: "a JSON object", type(None): "null"}
+    return names.get(type(value), type(value).__name__)

@@ -1,0 +1,185 @@
+"""Writing one shard: read its byte ranges once, validate, normalise, write, hash.
+
+Runs in a worker process (one task per shard), so everything here is a plain
+picklable dataclass or a top-level function. A task reads its ranges in large
+blocks with ``pread``, validates each block of lines (prep_jsonl), writes the
+lines (raw bytes unless a row changed) and hashes what it wrote, in one pass.
+Bad input is returned, not raised, with the range and the line inside it; the
+parent turns that into ``file:line``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from .prep_jsonl import LineProblem, RowRules, process_lines
+
+BLOCK = 1 << 20
+
+_progress: Any = None  # multiprocessing.Value("q") shared with the parent, set by init_worker
+
+
+def init_worker(progress: Any) -> None:
+    global _progress
+    _progress = progress
+
+
+def _advance(nbytes: int) -> None:
+    if _progress is not None:
+        with _progress.get_lock():
+            _progress.value += nbytes
+
+
+@dataclass(frozen=True)
+class SourceRange:
+    """Bytes [start, end) of one plain input; starts and ends at line boundaries."""
+
+    file: int  # index into the input list
+    data_path: str
+    start: int
+    end: int
+    rules: RowRules
+
+
+@dataclass(frozen=True)
+class ShardTask:
+    index: int
+    out_path: str
+    ranges: tuple[SourceRange, ...]
+    first_row: int  # global index of the shard's first row (exact when index keys are set)
+    fsync: bool = True
+
+
+@dataclass(frozen=True)
+class BadLine:
+    range_index: int  # which of the task's ranges
+    line_in_range: int  # 0-based line number inside that range; -1 when the file itself changed
+    message: str
+
+
+@dataclass(frozen=True)
+class ShardOutcome:
+    index: int
+    rows: int
+    bytes: int
+    sha256: str
+    range_rows: tuple[int, ...]
+    bad: BadLine | None = None
+
+
+class _ShortRead(Exception):
+    pass
+
+
+def write_shard(task: ShardTask) -> ShardOutcome:
+    digest = hashlib.sha256()
+    fd = os.open(task.out_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        size, range_rows, bad = _write_ranges(task, fd, digest)
+        if task.fsync and bad is None:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    return ShardOutcome(task.index, sum(range_rows), size, digest.hexdigest(), tuple(range_rows), bad)
+
+
+def _write_ranges(task: ShardTask, fd: int, digest: Any) -> tuple[int, list[int], BadLine | None]:
+    size = 0
+    range_rows: list[int] = []
+    row = task.first_row
+    for r_index, rng in enumerate(task.ranges):
+        rows = 0
+        try:
+            for lines, raw in _chunks(rng.data_path, rng.start, rng.end):
+                out = process_lines(lines, rng.rules, row)
+                data = raw if out is None else [b"\n".join(out), b"\n"]
+                for part in data:
+                    digest.update(part)
+                    size += _write_all(fd, part)
+                rows += len(lines)
+                row += len(lines)
+        except LineProblem as exc:
+            return size, range_rows, BadLine(r_index, rows + exc.index, exc.message)
+        except _ShortRead:
+            return size, range_rows, BadLine(r_index, -1, "the file got shorter while prepare read it")
+        range_rows.append(rows)
+    return size, range_rows, None
+
+
+def _write_all(fd: int, data: bytes | memoryview) -> int:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    return len(data)
+
+
+def _chunks(path: str, start: int, end: int) -> Iterator[tuple[list[bytes], list[bytes | memoryview]]]:
+    """Complete lines of [start, end), a block at a time, with the raw bytes they came from.
+
+    ``raw`` concatenated equals the lines each followed by b"\\n"; a last line
+    without its newline (file end) gets one added.
+    """
+    carry: list[bytes] = []
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        pos = start
+        while pos < end:
+            block = os.pread(fd, min(BLOCK, end - pos), pos)
+            if not block:
+                raise _ShortRead
+            pos += len(block)
+            _advance(len(block))
+            cut = block.rfind(b"\n")
+            if cut < 0:
+                carry.append(block)
+                continue
+            lines = block.split(b"\n")
+            tail = lines.pop()
+            raw: list[bytes | memoryview] = [memoryview(block)[: cut + 1]]
+            if carry:
+                lines[0] = b"".join(carry) + lines[0]
+                raw = [*carry, *raw]
+            carry = [tail] if tail else []
+            yield lines, raw
+    finally:
+        os.close(fd)
+    if carry:
+        line = b"".join(carry)
+        yield [line], [line, b"\n"]
+
+
+def count_rows(path: str, start: int, end: int) -> int:
+    """Rows in [start, end): newlines, plus a last line without one."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        rows, pos, last = 0, start, b"\n"
+        while pos < end:
+            block = os.pread(fd, min(BLOCK, end - pos), pos)
+            if not block:
+                raise _ShortRead
+            rows += block.count(b"\n")
+            pos += len(block)
+            last = block[-1:]
+    finally:
+        os.close(fd)
+    return rows + (last != b"\n")
+
+
+def newlines_before(path: str, offset: int) -> int:
+    """How many lines of ``path`` come before byte ``offset`` (to report file:line)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        count, pos = 0, 0
+        while pos < offset:
+            block = os.pread(fd, min(BLOCK, offset - pos), pos)
+            if not block:
+                break
+            count += block.count(b"\n")
+            pos += len(block)
+    finally:
+        os.close(fd)
+    return count

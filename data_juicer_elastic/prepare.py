@@ -1,0 +1,454 @@
+"""Prepare: split a JSONL dataset into a job directory of validated, byte-balanced shards.
+
+The job directory is built whole in a staging folder beside it and renamed
+into place, so it appears complete or not at all. The input is read once:
+shard boundaries come from file sizes plus a few small seeks (prep_split),
+then each shard's byte ranges are validated, normalised, written and hashed
+in one pass, one shard per worker process (prep_shards), while a thread
+hashes the input files. Repeating an identical request is a cheap no-op
+(stat only); a different one is refused with what differs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import multiprocessing
+import os
+import shutil
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from concurrent.futures import FIRST_EXCEPTION, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import UserError
+from .jobdir import InputFile, JobDir, Manifest, Policy, ShardSource, ShardSpec, shard_id
+from .prep_inputs import (
+    STAGING_MARK,
+    Dataset,
+    InputSpec,
+    Materialised,
+    changed_error,
+    check_unchanged,
+    discover,
+    hash_file,
+    materialise,
+)
+from .prep_jsonl import RowRules
+from .prep_shards import ShardOutcome, ShardTask, SourceRange, count_rows, init_worker, newlines_before, write_shard
+from .prep_split import Piece, Stream, TooFewRows, plan
+from .progress import ProgressBar
+from .storage import atomic_write, dumps_json, fsync_dir
+
+INLINE_BELOW = 32 << 20  # smaller inputs are not worth starting worker processes for
+MAX_JOBS = 8
+
+
+@dataclass(frozen=True)
+class PrepareRequest:
+    dataset_path: str  # a JSONL file or a directory
+    job_dir: str
+    recipe_text: bytes  # saved verbatim as recipe.yaml; must be a YAML mapping
+    policy: Policy
+    media_keys: tuple[str, ...] = ("images", "audios", "videos")
+    index_keys: tuple[str, ...] = ()
+    versions: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PrepareResult:
+    manifest: Manifest
+    created: bool
+    rows: int
+    bytes: int
+    seconds: float
+
+
+def prepare(
+    req: PrepareRequest, *, progress: bool | None = None, log: Callable[[str], Any] = print, jobs: int | None = None
+) -> PrepareResult:
+    """Prepare ``req.job_dir`` (or confirm it already holds exactly this request).
+
+    ``progress``: draw a bar on stderr (None: only when stderr is a terminal).
+    ``jobs``: worker processes, 0 to work in this process (None: up to the CPU count, 0 for small inputs).
+    """
+    started = time.monotonic()
+    recipe_sha = _check_request(req)
+    job = JobDir(req.job_dir)
+    if job.exists():
+        return _confirm_existing(job, req, recipe_sha, started, log)
+    _refuse_occupied(job.root)
+    dataset = discover(req.dataset_path, exclude=(str(job.root),))
+    with _Staging(job.root) as staging:
+        built = _Build(req, dataset, staging.path, recipe_sha, progress, jobs).run()
+        if not staging.publish():
+            staging.discard()
+            return _confirm_existing(JobDir(req.job_dir), req, recipe_sha, started, log)
+    seconds = time.monotonic() - started
+    mb = built.data_bytes / 1e6
+    log(
+        f"prepared {built.manifest.total_rows:,} rows, {mb:,.1f} MB into {req.policy.num_shards} shards "
+        f"in {seconds:.2f} s ({mb / max(seconds, 1e-9):,.1f} MB/s): {job.root}"
+    )
+    m = built.manifest
+    return PrepareResult(m, True, m.total_rows, m.total_bytes, seconds)
+
+
+# request checks -------------------------------------------------------------
+def _check_request(req: PrepareRequest) -> str:
+    n = req.policy.num_shards
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise UserError(f"num_shards must be a whole number >= 1, got {n!r}; set elastic_shard.num_shards")
+    for name in ("media_keys", "index_keys"):
+        keys = getattr(req, name)
+        if not all(isinstance(k, str) and k for k in keys):
+            raise UserError(f"{name} must be non-empty strings, got {keys!r}")
+    try:
+        recipe = yaml.safe_load(req.recipe_text)
+    except yaml.YAMLError as exc:
+        raise UserError(f"recipe is not valid YAML ({exc}); fix the recipe file") from exc
+    if not isinstance(recipe, dict):
+        raise UserError(f"recipe must be a YAML mapping (key: value lines), got {type(recipe).__name__}; fix the recipe file")
+    return hashlib.sha256(req.recipe_text).hexdigest()
+
+
+def _refuse_occupied(root: Path) -> None:
+    if not os.path.lexists(root):
+        return
+    if not root.is_dir():
+        raise UserError(f"{root}: exists and is not a directory; choose another job dir")
+    entries = sorted(os.listdir(root))
+    if entries:
+        shown = ", ".join(entries[:5]) + (" ..." if len(entries) > 5 else "")
+        raise UserError(
+            f"{root}: exists, is not empty ({shown}) and holds no manifest.json; "
+            "choose a new or empty job dir"
+        )
+
+
+# the no-op / refusal path ---------------------------------------------------
+def _confirm_existing(
+    job: JobDir, req: PrepareRequest, recipe_sha: str, started: float, log: Callable[[str], Any]
+) -> PrepareResult:
+    m = job.manifest()
+    dataset = discover(req.dataset_path, exclude=(str(job.root),))
+    diffs = differences(m, req, dataset, recipe_sha)
+    if diffs:
+        listing = "\n  - ".join(diffs)
+        raise UserError(
+            f"{job.root} was prepared from a different request:\n  - {listing}\n"
+            "use a new job dir for the new request (or remove this one to start over)"
+        )
+    log(f"{job.root}: already prepared from this request ({m.total_rows:,} rows, {len(m.shards)} shards); nothing to do")
+    return PrepareResult(m, False, m.total_rows, m.total_bytes, time.monotonic() - started)
+
+
+def differences(m: Manifest, req: PrepareRequest, dataset: Dataset, recipe_sha: str) -> list[str]:
+    """What differs between a manifest and a request, cheaply (stat only, no hashing)."""
+    diffs = []
+    if m.dataset_path != dataset.root:
+        diffs.append(f"dataset_path: {m.dataset_path} in job dir, {dataset.root} requested")
+    if m.recipe_sha256 != recipe_sha:
+        diffs.append(f"recipe: sha256 {m.recipe_sha256[:12]}… in job dir, {recipe_sha[:12]}… requested")
+    old_policy, new_policy = dataclasses.asdict(m.policy), dataclasses.asdict(req.policy)
+    for key in old_policy:
+        if old_policy[key] != new_policy[key]:
+            diffs.append(f"{key}: {old_policy[key]!r} in job dir, {new_policy[key]!r} requested")
+    for key in ("media_keys", "index_keys"):
+        if tuple(getattr(m, key)) != tuple(getattr(req, key)):
+            diffs.append(f"{key}: {list(getattr(m, key))} in job dir, {list(getattr(req, key))} requested")
+    diffs.extend(_file_differences(m.files, dataset.inputs))
+    return diffs
+
+
+def _file_differences(old: Iterable[InputFile], new: Iterable[InputSpec]) -> list[str]:
+    before = {f.path: (f.size, f.mtime_ns) for f in old}
+    now = {s.rel: (s.seen.size, s.seen.mtime_ns) for s in new}
+    out = [f"input {p}: gone since prepare" for p in before if p not in now]
+    out += [f"input {p}: new since prepare" for p in now if p not in before]
+    for p in before.keys() & now.keys():
+        (s0, t0), (s1, t1) = before[p], now[p]
+        if (s0, t0) != (s1, t1):
+            out.append(f"input {p}: changed since prepare (size {s0} -> {s1}, mtime_ns {t0} -> {t1})")
+    return sorted(out)[:10] + ([f"... and {len(out) - 10} more input changes"] if len(out) > 10 else [])
+
+
+# staging --------------------------------------------------------------------
+class _Staging:
+    """A folder beside the job dir that becomes it by one rename, or disappears."""
+
+    def __init__(self, target: Path) -> None:
+        self.target = target
+        self._made_parents = _make_parents(target.parent)
+        token = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.path = target.parent / f".{target.name}{STAGING_MARK}{token}"
+        self._published = False
+
+    def __enter__(self) -> _Staging:
+        os.mkdir(self.path)
+        return self
+
+    def publish(self) -> bool:
+        """Rename into place; False when another prepare got there first."""
+        try:
+            os.rename(self.path, self.target)
+        except OSError as exc:
+            if os.path.isdir(self.target) and os.listdir(self.target):
+                return False
+            raise UserError(f"{self.target}: cannot create the job dir ({exc.strerror}); check the path and permissions") from exc
+        self._published = True
+        fsync_dir(self.target.parent)
+        return True
+
+    def discard(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        if self._published:
+            return
+        self.discard()
+        if exc_type is not None:
+            for made in reversed(self._made_parents):
+                try:
+                    os.rmdir(made)
+                except OSError:
+                    break
+
+
+def _make_parents(parent: Path) -> list[Path]:
+    """Create missing parent folders, returning those made (so a failure can remove them)."""
+    missing = []
+    p = parent
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    made = []
+    for p in reversed(missing):
+        try:
+            os.mkdir(p)
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise UserError(f"{p}: cannot create the job dir's parent ({exc.strerror}); check the path") from exc
+        made.append(p)
+    return made
+
+
+# the build ------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Built:
+    manifest: Manifest
+    data_bytes: int
+
+
+class _Build:
+    """One prepare into a staging folder: materialise, plan, write shards, hash, record."""
+
+    def __init__(
+        self, req: PrepareRequest, dataset: Dataset, staging: Path, recipe_sha: str, progress: bool | None, jobs: int | None
+    ) -> None:
+        self.req, self.dataset, self.staging, self.recipe_sha = req, dataset, staging, recipe_sha
+        self.progress, self.jobs = progress, jobs
+        self.inputs = dataset.inputs
+
+    def run(self) -> _Built:
+        with _executor(self._job_count()) as (pool, counter):
+            mats = self._materialise(pool)
+            try:
+                stream, ranges = plan([m.data_path for m in mats], [m.data_size for m in mats], self.req.policy.num_shards)
+            except TooFewRows as exc:
+                raise UserError(
+                    f"num_shards: {self.req.policy.num_shards} requested but the input has only {exc.rows} rows; "
+                    f"set num_shards between 1 and {exc.rows}"
+                ) from exc
+            pieces = [stream.pieces(a, b) for a, b in ranges]
+            tasks = self._tasks(pool, mats, pieces)
+            futures = [pool.submit(write_shard, t) for t in tasks]
+            with ThreadPoolExecutor(1, thread_name_prefix="dje-hash") as hasher:
+                hashes = {i: hasher.submit(hash_file, s.path) for i, s in enumerate(self.inputs) if s.codec is None}
+                outcomes = _collect(futures, counter, stream.total, self.progress)
+                self._raise_bad_line(outcomes, tasks, mats)
+                digests = self._digests(mats, hashes)
+        manifest = self._manifest(pieces, outcomes, digests)
+        self._write_layout(manifest)
+        return _Built(manifest, stream.total)
+
+    def _job_count(self) -> int:
+        """Worker processes to use; 0 means run in this process."""
+        n = self.req.policy.num_shards
+        if self.jobs is not None:
+            return max(0, min(self.jobs, n))
+        cpus = os.cpu_count() or 1
+        if cpus == 1 or sum(s.seen.size for s in self.inputs) < INLINE_BELOW:
+            return 0
+        return min(cpus, MAX_JOBS, n)
+
+    def _materialise(self, pool: Executor) -> list[Materialised]:
+        folder = self.staging / ".inputs"
+        folder.mkdir()
+        futures = [pool.submit(materialise, s, str(folder / f"{i:06d}.jsonl")) for i, s in enumerate(self.inputs)]
+        return [f.result() for f in futures]
+
+    def _tasks(self, pool: Executor, mats: list[Materialised], pieces: list[list[Piece]]) -> list[ShardTask]:
+        rules = [RowRules(self.req.media_keys, self.req.index_keys, s.media_base) for s in self.inputs]
+        first_rows = self._first_rows(pool, mats, pieces) if self.req.index_keys else [0] * len(pieces)
+        shards = self.staging / "shards"
+        shards.mkdir()
+        n = len(pieces)
+        return [
+            ShardTask(
+                index=i,
+                out_path=str(shards / f"{shard_id(i, n)}.jsonl"),
+                ranges=tuple(SourceRange(p.file, mats[p.file].data_path, p.start, p.end, rules[p.file]) for p in ps),
+                first_row=first_rows[i],
+            )
+            for i, ps in enumerate(pieces)
+        ]
+
+    def _first_rows(self, pool: Executor, mats: list[Materialised], pieces: list[list[Piece]]) -> list[int]:
+        """Global row index of each shard's first row: only index keys need it before writing."""
+        counts = [[pool.submit(count_rows, mats[p.file].data_path, p.start, p.end) for p in ps] for ps in pieces]
+        firsts, row = [], 0
+        for shard_counts in counts:
+            firsts.append(row)
+            row += sum(f.result() for f in shard_counts)
+        return firsts
+
+    def _raise_bad_line(self, outcomes: list[ShardOutcome], tasks: list[ShardTask], mats: list[Materialised]) -> None:
+        """Report the first bad line in input order as file:line, with what to do."""
+        for outcome, task in zip(outcomes, tasks):
+            if outcome.bad is None:
+                continue
+            rng = task.ranges[outcome.bad.range_index]
+            spec = self.inputs[rng.file]
+            if outcome.bad.line_in_range < 0:
+                raise changed_error(spec)
+            line = newlines_before(mats[rng.file].data_path, rng.start) + outcome.bad.line_in_range + 1
+            raise UserError(f"{spec.path}:{line}: {outcome.bad.message}")
+
+    def _digests(self, mats: list[Materialised], hashes: dict[int, Future]) -> list[str]:
+        """sha256 per input, after checking no input changed while it was read."""
+        out = []
+        for i, (spec, mat) in enumerate(zip(self.inputs, mats)):
+            if i in hashes:
+                sha, nbytes = hashes[i].result()
+                check_unchanged(spec, nbytes)
+            else:
+                sha = mat.sha256 or ""
+                check_unchanged(spec)
+            out.append(sha)
+        return out
+
+    def _manifest(self, pieces: list[list[Piece]], outcomes: list[ShardOutcome], digests: list[str]) -> Manifest:
+        n = len(pieces)
+        file_rows = [0] * len(self.inputs)
+        shards, row = [], 0
+        for i, (ps, outcome) in enumerate(zip(pieces, outcomes)):
+            sources = []
+            for p, rows in zip(ps, outcome.range_rows):
+                sources.append(ShardSource(self.inputs[p.file].rel, p.start, p.end, file_rows[p.file] + 1))
+                file_rows[p.file] += rows
+            sid = shard_id(i, n)
+            shards.append(ShardSpec(sid, f"shards/{sid}.jsonl", outcome.rows, outcome.bytes, outcome.sha256, row, tuple(sources)))
+            row += outcome.rows
+        files = tuple(
+            InputFile(s.rel, s.seen.size, s.seen.mtime_ns, rows, sha)
+            for s, rows, sha in zip(self.inputs, file_rows, digests)
+        )
+        req = self.req
+        return Manifest(
+            dataset_path=self.dataset.root,
+            input_kind=self.dataset.kind,
+            files=files,
+            recipe_sha256=self.recipe_sha,
+            versions=dict(req.versions),
+            policy=req.policy,
+            media_keys=tuple(req.media_keys),
+            index_keys=tuple(req.index_keys),
+            shards=tuple(shards),
+            total_rows=row,
+            total_bytes=sum(s.bytes for s in shards),
+            created_at=time.time(),
+        )
+
+    def _write_layout(self, manifest: Manifest) -> None:
+        shutil.rmtree(self.staging / ".inputs")
+        for sub in ("attempts", "runs", "state"):
+            (self.staging / sub).mkdir()
+        for sub in JobDir.STATE_SUBDIRS:
+            (self.staging / "state" / sub).mkdir()
+        atomic_write(self.staging / "recipe.yaml", self.req.recipe_text)
+        fsync_dir(self.staging / "shards")
+        atomic_write(self.staging / "manifest.json", dumps_json(manifest.to_dict()))
+
+
+def _collect(futures: list[Future], counter: Any, total: int, progress: bool | None) -> list[ShardOutcome]:
+    """Wait for the shard tasks, drawing progress from the workers' shared byte counter."""
+    bar = ProgressBar(total, "prepare", progress)
+    try:
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, timeout=0.2, return_when=FIRST_EXCEPTION)
+            if any(f.exception() is not None for f in done):
+                break
+            bar.update(counter.value)
+    finally:
+        bar.close()
+    return [f.result() for f in futures]
+
+
+# executors ------------------------------------------------------------------
+class _Counter:
+    """In-process stand-in for multiprocessing.Value: same get_lock()/value interface."""
+
+    def __init__(self) -> None:
+        self.value = 0
+        self._lock = threading.Lock()
+
+    def get_lock(self) -> threading.Lock:
+        return self._lock
+
+
+class _Inline(Executor):
+    """Runs each task at submit time: small inputs skip process start-up."""
+
+    def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> Future:  # type: ignore[override]
+        fut: Future = Future()
+        try:
+            fut.set_result(fn(*args, **kwargs))
+        except BaseException as exc:  # noqa: BLE001 - delivered through the future like a pool would
+            fut.set_exception(exc)
+        return fut
+
+
+class _executor:
+    """Context manager yielding (executor, shared progress counter)."""
+
+    def __init__(self, jobs: int) -> None:
+        self.jobs = jobs
+        self.pool: Executor | None = None
+
+    def __enter__(self) -> tuple[Executor, Any]:
+        if self.jobs <= 0:
+            counter: Any = _Counter()
+            init_worker(counter)
+            self.pool = _Inline()
+            return self.pool, counter
+        # fork is cheap and safe while this process runs no other threads; otherwise spawn
+        method = "fork" if threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods() else "spawn"
+        ctx = multiprocessing.get_context(method)
+        counter = ctx.Value("q", 0)
+        self.pool = ProcessPoolExecutor(self.jobs, mp_context=ctx, initializer=init_worker, initargs=(counter,))
+        return self.pool, counter
+
+    def __exit__(self, *exc: object) -> None:
+        init_worker(None)
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,69 @@
+"""Helpers for the prepare/merge tests: write inputs, build requests, fake finished shards."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+
+import orjson
+
+from data_juicer_elastic.jobdir import JobDir, Policy
+from data_juicer_elastic.prepare import PrepareRequest, PrepareResult, prepare
+from data_juicer_elastic.storage import dumps_json, publish_once
+
+RECIPE = b"# test recipe\nproject_name: t\nprocess:\n  - text_length_filter: {min_len: 1}\n"
+
+
+def write_rows(path: Path, rows: list[dict], newline_at_end: bool = True) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = b"\n".join(orjson.dumps(r) for r in rows)
+    path.write_bytes(data + (b"\n" if newline_at_end else b""))
+    return path
+
+
+def text_rows(n: int, start: int = 0, width: int = 40) -> list[dict]:
+    """Rows of slightly varying length, so byte balance is not trivially row balance."""
+    return [{"text": f"row {i} " + "x" * (width + (i * 7) % 23), "id": i} for i in range(start, start + n)]
+
+
+def request(dataset: Path, job_dir: Path, shards: int, **kw) -> PrepareRequest:
+    kw.setdefault("recipe_text", RECIPE)
+    kw.setdefault("versions", {"data_juicer": "1.6.1", "data_juicer_elastic": "0.1.0"})
+    return PrepareRequest(dataset_path=str(dataset), job_dir=str(job_dir), policy=Policy(num_shards=shards), **kw)
+
+
+def run(req: PrepareRequest, jobs: int | None = 0, **kw) -> tuple[PrepareResult, list[str]]:
+    logs: list[str] = []
+    result = prepare(req, log=logs.append, jobs=jobs, **kw)
+    return result, logs
+
+
+def shard_bytes(job_dir: Path) -> list[bytes]:
+    job = JobDir(job_dir)
+    return [job.shard_file(s.id).read_bytes() for s in job.manifest().shards]
+
+
+def lines_of(data: bytes) -> list[dict]:
+    return [orjson.loads(line) for line in data.splitlines()]
+
+
+def fake_done(job: JobDir, sid: str, *, attempt: int = 1, host: str = "node-a", content: bytes | None = None) -> Path:
+    """Publish a done record for an identity run: the output is the shard itself (or ``content``)."""
+    out = job.attempt_output(sid, attempt)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    data = job.shard_file(sid).read_bytes() if content is None else content
+    out.write_bytes(data)
+    record = {
+        "shard": sid, "attempt": attempt, "host": host, "pid": 1,
+        "rows": data.count(b"\n"), "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+        "output": f"attempts/{sid}/{attempt:04d}/processed.jsonl",
+        "started_at": time.time(), "finished_at": time.time(),
+    }
+    assert publish_once(job.done_path(sid), dumps_json(record))
+    return out
+
+
+def finish_all(job: JobDir, hosts: tuple[str, ...] = ("node-a",)) -> None:
+    for i, spec in enumerate(job.manifest().shards):
+        fake_done(job, spec.id, host=hosts[i % len(hosts)])
