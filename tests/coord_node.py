@@ -1,0 +1,78 @@
+"""One simulated node of a coordinated job: ``python -m tests.coord_node ...``.
+
+Stands in for ``dj-process`` with an elastic_shard recipe until the
+Data-Juicer executor is wired: it builds a ``JobSpec`` from its arguments
+(a prepare request over a test corpus, a runner from ``tests.runners``) and
+runs the real ``run_job``. Tests start several of these with distinct
+``DJ_ELASTIC_HOSTNAME`` values and one run id.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from data_juicer_elastic.coordination import JobSpec, run_job
+from data_juicer_elastic.errors import UserError
+from data_juicer_elastic.jobdir import Policy
+from data_juicer_elastic.prepare import PrepareRequest
+from data_juicer_elastic.versions import current_versions
+
+from . import runners
+from .jobs import RECIPE
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--job-dir", required=True)
+    p.add_argument("--export", required=True)
+    p.add_argument("--dataset", required=True)
+    p.add_argument("--shards", type=int, default=8)
+    p.add_argument("--runner", default="copy", help="a name in tests.runners")
+    p.add_argument("--run-id", default=None)
+    p.add_argument("--nodes", type=int, default=None)
+    p.add_argument("--strict", action="store_true", help="require_all_nodes")
+    p.add_argument("--max-shards", type=int, default=None)
+    p.add_argument("--max-retries", type=int, default=2)
+    p.add_argument("--wait-timeout", type=float, default=2.0)
+    p.add_argument("--poll", type=float, default=0.1)
+    p.add_argument("--lock-timeout", type=float, default=2.0)
+    p.add_argument("--prepare-sleep", type=float, default=0.0, help="the prepare factory sleeps this long first")
+    p.add_argument("--prepare-error", default=None, help="the prepare factory raises UserError(this)")
+    p.add_argument("--mark-dir", default=None, help="make_runner leaves <host>-<pid> here")
+    return p.parse_args(argv)
+
+
+def build_spec(a: argparse.Namespace) -> JobSpec:
+    def make_prepare_request() -> PrepareRequest:
+        time.sleep(a.prepare_sleep)
+        if a.prepare_error:
+            raise UserError(a.prepare_error)
+        policy = Policy(num_shards=a.shards, lock_timeout_secs=a.lock_timeout, heartbeat_secs=0.3,
+                        poll_interval_secs=a.poll, max_retries=a.max_retries)
+        return PrepareRequest(dataset_path=a.dataset, job_dir=a.job_dir, recipe_text=RECIPE, policy=policy,
+                              versions=current_versions())
+
+    def make_runner():
+        if a.mark_dir:
+            host = os.environ.get("DJ_ELASTIC_HOSTNAME", "host")
+            Path(a.mark_dir).mkdir(parents=True, exist_ok=True)
+            Path(a.mark_dir, f"{host}-{os.getpid()}").touch()
+        return getattr(runners, a.runner)
+
+    return JobSpec(
+        job_dir=a.job_dir, export_path=a.export, make_prepare_request=make_prepare_request,
+        make_runner=make_runner, run_id=a.run_id, nodes=a.nodes, require_all_nodes=a.strict,
+        max_shards=a.max_shards, wait_timeout_secs=a.wait_timeout, poll_interval_secs=a.poll,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_job(build_spec(_args(argv)), log=lambda line: print(line, flush=True))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,264 @@
+"""Coordination with simulated nodes: real processes, distinct hostnames, one shared directory."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+import pytest
+
+from data_juicer_elastic import coordination as coord
+from data_juicer_elastic.coordination import resolve_run_id, run_summaries, safe_key, strict_split_ok
+from data_juicer_elastic.errors import UserError
+from data_juicer_elastic.jobdir import JobDir
+
+from .jobs import REPO, attempt_outcomes, concatenated_shards, env_with, wait_for, write_corpus
+
+LAUNCHER_ENVS = (coord.RUN_ID_ENV, *coord.LAUNCHER_RUN_ID_ENVS, *coord.WORLD_SIZE_ENVS, *coord.LOCAL_RANK_ENVS,
+                 "SLURM_STEP_ID")
+
+
+@dataclass
+class Node:
+    host: str
+    proc: subprocess.Popen
+    log: Path
+
+    def wait(self, timeout: float = 60) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    @property
+    def output(self) -> str:
+        return self.log.read_text()
+
+
+class Cluster:
+    """Starts simulated nodes of one job: the same command, different DJ_ELASTIC_HOSTNAME."""
+
+    def __init__(self, tmp: Path, *, rows: int = 160, shards: int = 16) -> None:
+        self.tmp = tmp
+        self.dataset = write_corpus(tmp / "input" / "data.jsonl", rows)
+        self.job = JobDir(tmp / "job")
+        self.export = tmp / "out" / "merged.jsonl"
+        self.shards = shards
+        self.started = 0
+
+    def start(self, hosts: list[str], *args: str, run_id: str = "run-1", **env: str) -> list[Node]:
+        return [self.start_one(host, *args, run_id=run_id, **env) for host in hosts]
+
+    def start_one(self, host: str, *args: str, run_id: str = "run-1", **env: str) -> Node:
+        self.started += 1
+        log = self.tmp / f"node-{self.started}-{host}.log"
+        cmd = [sys.executable, "-m", "tests.coord_node", "--job-dir", str(self.job.root), "--export",
+               str(self.export), "--dataset", str(self.dataset), "--shards", str(self.shards), *args]
+        full_env = env_with(DJ_ELASTIC_HOSTNAME=host, DJ_ELASTIC_RUN_ID=run_id, **env)
+        for name in LAUNCHER_ENVS:
+            if name not in env and name != coord.RUN_ID_ENV:
+                full_env.pop(name, None)
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(cmd, cwd=REPO, env=full_env, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        return Node(host, proc, log)
+
+
+def finish(nodes: list[Node], timeout: float = 60) -> list[int]:
+    try:
+        return [n.wait(timeout) for n in nodes]
+    finally:
+        for n in nodes:
+            if n.proc.poll() is None:
+                n.proc.kill()
+
+
+def last_line(node: Node) -> str:
+    return node.output.strip().splitlines()[-1]
+
+
+def count(nodes: list[Node], text: str) -> int:
+    return sum(n.output.count(text) for n in nodes)
+
+
+def done_hosts(job: JobDir) -> dict[str, int]:
+    hosts: dict[str, int] = {}
+    for name in os.listdir(job.done_dir):
+        host = orjson.loads((job.done_dir / name).read_bytes())["host"]
+        hosts[host] = hosts.get(host, 0) + 1
+    return hosts
+
+
+# whole jobs ---------------------------------------------------------------------------------------
+
+
+def test_four_nodes_elastic_every_shard_once_merged_once_same_exit_code(tmp_path):
+    c = Cluster(tmp_path, rows=320, shards=16)
+    nodes = c.start([f"node-{i}" for i in range(4)], "--runner", "weighted", "--nodes", "4", DJE_TEST_UNIT="0.1")
+    assert finish(nodes) == [0, 0, 0, 0], [n.output for n in nodes]
+    assert count(nodes, "elected as prepare coordinator") == 1
+    assert count(nodes, "elected as finalize coordinator") == 1
+    hosts = done_hosts(c.job)
+    assert len(hosts) <= count(nodes, "worker started on host=") <= 4  # a late node may find nothing left
+    assert sum(hosts.values()) == 16
+    finals = {last_line(n) for n in nodes}
+    assert len(finals) == 1, finals
+    assert finals.pop().startswith(f"PASS: 16 shards completed by {len(hosts)} host(s) ({len(hosts)} of 4 expected")
+    assert all(o == ["done"] for o in attempt_outcomes(c.job).values())
+    assert c.export.read_bytes() == concatenated_shards(c.job)
+    [run] = run_summaries(c.job.root)
+    assert run.run_id == "run-1" and run.outcome.exit_code == 0 and set(hosts) <= set(run.claim_loops)
+    assert "[ok]" in run.describe() and "finalize by node-" in run.describe()
+
+
+def test_elastic_two_of_four_expected_nodes_still_completes(tmp_path):
+    c = Cluster(tmp_path, rows=80, shards=8)
+    nodes = c.start(["node-0", "node-1"], "--nodes", "4")
+    assert finish(nodes) == [0, 0], [n.output for n in nodes]
+    assert all("PASS: 8 shards completed by" in last_line(n) for n in nodes)
+    assert c.export.read_bytes() == concatenated_shards(c.job)
+
+
+def test_strict_three_nodes_each_do_their_share(tmp_path):
+    c = Cluster(tmp_path, rows=90, shards=9)
+    nodes = c.start(["node-0", "node-1", "node-2"], "--nodes", "3", "--strict")
+    assert finish(nodes) == [0, 0, 0], [n.output for n in nodes]
+    assert done_hosts(c.job) == {"node-0": 3, "node-1": 3, "node-2": 3}
+    assert all(last_line(n).startswith("PASS: 9 shards completed by 3 host(s)") for n in nodes)
+
+
+def test_strict_with_a_node_missing_fails_naming_hosts_and_shards(tmp_path):
+    c = Cluster(tmp_path, rows=60, shards=6)
+    nodes = c.start(["node-0", "node-1"], "--nodes", "3", "--strict")
+    assert finish(nodes) == [2, 2], [n.output for n in nodes]
+    assert done_hosts(c.job) == {"node-0": 2, "node-1": 2}
+    message = last_line(nodes[0])
+    assert message == last_line(nodes[1])
+    assert "2 of 6 shards are not done" in message
+    assert "hosts seen in this run: 2 (node-0, node-1)" in message
+    assert "require_all_nodes expects 3 nodes" in message and "1 missing node(s)" in message
+    assert not c.export.exists()
+
+
+def test_strict_split_that_lets_fewer_nodes_finish_is_refused(tmp_path):
+    c = Cluster(tmp_path, rows=40, shards=4)
+    nodes = c.start(["node-0"], "--nodes", "3", "--strict")
+    assert finish(nodes) == [2]
+    assert "use num_shards=5, a multiple of 3 or any number from 6 up" in last_line(nodes[0])
+    assert not c.job.root.exists()
+
+
+def test_prepare_failure_reaches_every_process(tmp_path):
+    c = Cluster(tmp_path, rows=20, shards=2)
+    nodes = c.start(["node-0", "node-1", "node-2"], "--prepare-error", "recipe.yaml: unknown key 'procss'")
+    assert finish(nodes) == [2, 2, 2]
+    for n in nodes:
+        assert re.match(r"FAIL: prepare failed on host=node-\d: recipe.yaml: unknown key 'procss'$", last_line(n))
+    assert count(nodes, "elected as prepare coordinator") == 1
+    assert not c.job.root.exists()  # nothing but the election state beside it
+    assert os.listdir(tmp_path / ".job.runs") == [safe_key("run-1")]
+
+
+def test_terminal_shard_failure_stops_every_process(tmp_path):
+    c = Cluster(tmp_path, rows=80, shards=8)
+    bad = "part-00005-of-00008"
+    args = ("--runner", "fail", "--max-retries", "0")
+    nodes = c.start(["node-0", "node-1", "node-2"], *args, DJE_TEST_FAIL_SHARDS=bad)
+    nodes.append(c.start_one("node-0", *args, DJE_TEST_FAIL_SHARDS=bad, LOCAL_RANK="1"))  # a pure waiter
+    t0 = time.monotonic()
+    assert finish(nodes) == [2, 2, 2, 2]
+    assert time.monotonic() - t0 < 20
+    for n in nodes:
+        line = last_line(n)
+        assert line.startswith(f"FAIL: shard {bad} failed terminally"), line
+        assert f"attempts/{bad}/0001/process.log" in line and "dj-elastic retry" in line
+    assert (c.job.runs_dir / safe_key("run-1") / "abort.json").exists()
+    assert not c.export.exists()
+
+
+def test_killed_prepare_coordinator_times_out_then_a_new_run_finishes(tmp_path):
+    c = Cluster(tmp_path, rows=60, shards=6)
+    nodes = c.start(["node-0", "node-1", "node-2"], "--prepare-sleep", "60", run_id="first")
+    ballot = tmp_path / ".job.runs" / safe_key("first") / "prepare.coordinator.json"
+    wait_for(ballot.exists, timeout=20)
+    victim = orjson.loads(ballot.read_bytes())["pid"]
+    os.kill(victim, signal.SIGKILL)
+    codes = {n.host: n.wait(30) for n in nodes}
+    survivors = [n for n in nodes if n.proc.pid != victim]
+    assert sorted(codes.values()) == [-signal.SIGKILL, 2, 2]
+    for n in survivors:
+        assert "published no result and its heartbeat stopped" in last_line(n)
+        assert f"pid={victim}" in last_line(n) and "Submit the job again" in last_line(n)
+    assert not c.job.exists()
+
+    again = c.start(["node-0", "node-1", "node-2"], run_id="second")
+    assert finish(again) == [0, 0, 0], [n.output for n in again]
+    assert c.export.read_bytes() == concatenated_shards(c.job)
+    before = attempt_outcomes(c.job)
+
+    # a third submission finds nothing left: it verifies and merges again, and runs no shard
+    third = c.start(["node-0", "node-1"], run_id="third")
+    assert finish(third) == [0, 0]
+    assert attempt_outcomes(c.job) == before
+    assert all("PASS: 6 shards completed" in last_line(n) for n in third)
+    # reusing an ended run id replays its recorded outcome and says how to run again
+    [replay] = c.start(["node-5"], run_id="first")
+    assert finish([replay]) == [2]
+    assert "run first already ended (exit 2)" in replay.output and "published no result" in last_line(replay)
+    runs = run_summaries(c.job.root)
+    assert [(r.run_id, r.outcome.exit_code) for r in runs] == [("first", 2), ("second", 0), ("third", 0)]
+    assert runs[0].prepared_by == f"{next(n.host for n in nodes if n.proc.pid == victim)} pid {victim}"
+
+
+def test_two_ranks_on_one_host_run_one_claim_loop(tmp_path):
+    c = Cluster(tmp_path, rows=80, shards=8)
+    marks = tmp_path / "marks"
+    args = ("--mark-dir", str(marks), "--runner", "weighted")
+    nodes = [c.start_one("node-0", *args, LOCAL_RANK="0", DJE_TEST_UNIT="0.1"),
+             c.start_one("node-0", *args, LOCAL_RANK="1", DJE_TEST_UNIT="0.1"),
+             c.start_one("node-1", *args, LOCAL_RANK="0", DJE_TEST_UNIT="0.1")]
+    assert finish(nodes) == [0, 0, 0], [n.output for n in nodes]
+    runners_started = sorted(m.rsplit("-", 1)[0] for m in os.listdir(marks))
+    assert runners_started.count("node-0") == 1 and set(done_hosts(c.job)) <= set(runners_started)
+    assert count(nodes[:2], "worker started on host=node-0") == 1
+    assert count(nodes[:2], "runs the claim loop for host=node-0") == 1
+    assert len({last_line(n) for n in nodes}) == 1
+
+
+# run ids and helpers ------------------------------------------------------------------------------
+
+
+def test_run_id_precedence():
+    assert resolve_run_id("explicit", {"PAI_JOB_ID": "p"}) == "explicit"
+    assert resolve_run_id(None, {"DJ_ELASTIC_RUN_ID": "mine", "PAI_JOB_ID": "p"}) == "mine"
+    assert resolve_run_id(None, {"DLC_JOB_ID": "d", "SLURM_JOB_ID": "7"}) == "d"
+    assert resolve_run_id(None, {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "2", "WORLD_SIZE": "4"}) == "7.2"
+    assert resolve_run_id(None, {"TORCHELASTIC_RUN_ID": "job-9", "WORLD_SIZE": "8"}) == "job-9"
+
+
+@pytest.mark.parametrize("env", [{"WORLD_SIZE": "4"}, {"OMPI_COMM_WORLD_SIZE": "2"}, {"PMI_SIZE": "3"},
+                                 {"SLURM_NTASKS": "2"}, {"TORCHELASTIC_RUN_ID": "none", "WORLD_SIZE": "2"}])
+def test_several_processes_without_a_job_id_are_refused(env):
+    with pytest.raises(UserError, match="set the same unique id on every process"):
+        resolve_run_id(None, env)
+
+
+def test_a_lone_process_gets_a_fresh_run_id():
+    first, second = resolve_run_id(None, {"WORLD_SIZE": "1"}), resolve_run_id(None, {})
+    assert first != second and first.startswith("local-")
+
+
+def test_run_keys_are_safe_and_distinct():
+    assert safe_key("a/b").startswith("a_b-") and safe_key("a/b") != safe_key("a_b")
+    assert safe_key("../..").startswith("x-")
+    assert len(safe_key("x" * 500)) <= 60
+
+
+@pytest.mark.parametrize(("shards", "nodes", "ok"), [(9, 3, True), (16, 3, True), (10, 4, True), (4, 3, False),
+                                                     (2, 3, False), (3, 3, True), (5, 1, True)])
+def test_strict_split(shards, nodes, ok):
+    assert strict_split_ok(shards, nodes) is ok
