@@ -18,4 +18,4 @@ mpirun --allow-run-as-root -np "$nodes" -npernode 1 --hostfile "$hostfile" \
 
 # 3. Check every output, then write them in input order.
 dj-elastic verify --job-dir "$job_dir" --expect-nodes "$nodes"
-dj-elastic merge --job-dir "$job_dir" --output "$export_path" --overwrite true
+dj-elastic merge --job-dir "$job_dir" --output "$export_path" --overwrite
