@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .bulk_write import BulkWriter
 from .errors import IntegrityError, UserError
 from .jobdir import JobDir, ShardSpec, attempt_name
 from .progress import ProgressBar
@@ -233,13 +234,9 @@ def _all_done(job: JobDir) -> list[DoneRecord]:
 
 def _write_merged(records: list[DoneRecord], out: Path, overwrite: bool, bar: ProgressBar) -> tuple[int, int, str]:
     tmp = temp_name(out)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        try:
-            rows, size, sha = _copy_all(records, fd, bar)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        with BulkWriter(tmp) as writer:  # fsyncs on a clean close
+            rows, size, sha = _copy_all(records, writer, bar)
         _put_in_place(tmp, out, overwrite)
     finally:
         try:
@@ -260,21 +257,21 @@ def _put_in_place(tmp: Path, out: Path, overwrite: bool) -> None:
         raise UserError(f"{out}: already exists; pass --overwrite (or overwrite_output) to replace it") from exc
 
 
-def _copy_all(records: list[DoneRecord], fd: int, bar: ProgressBar) -> tuple[int, int, str]:
+def _copy_all(records: list[DoneRecord], writer: BulkWriter, bar: ProgressBar) -> tuple[int, int, str]:
     """Copy each output once, checking it against its record; hash the merged bytes in a thread."""
     merged = hashlib.sha256()
     buf = bytearray(BLOCK)
     rows = size = 0
     with ThreadPoolExecutor(1, thread_name_prefix="dje-merge-hash") as hasher:
         for record in records:
-            r, s = _copy_one(record, fd, buf, merged, hasher, lambda n: bar.update(size + n))
+            r, s = _copy_one(record, writer, buf, merged, hasher, lambda n: bar.update(size + n))
             rows += r
             size += s
     return rows, size, merged.hexdigest()
 
 
 def _copy_one(
-    record: DoneRecord, fd: int, buf: bytearray, merged: Any, hasher: ThreadPoolExecutor, tick: Callable[[int], None]
+    record: DoneRecord, writer: BulkWriter, buf: bytearray, merged: Any, hasher: ThreadPoolExecutor, tick: Callable[[int], None]
 ) -> tuple[int, int]:
     digest, rows, size, last = hashlib.sha256(), 0, 0, 10
     view = memoryview(buf)
@@ -289,7 +286,7 @@ def _copy_one(
             digest.update(block)
             rows += buf.count(b"\n", 0, n)
             last = buf[n - 1]
-            _write_all(fd, block)
+            writer.write(block)
             pending.result()  # the buffer is reused next round
             size += n
             tick(size)
@@ -297,11 +294,6 @@ def _copy_one(
     if problem:
         raise IntegrityError(problem)
     return rows, size
-
-
-def _write_all(fd: int, view: memoryview) -> None:
-    while view:
-        view = view[os.write(fd, view):]
 
 
 def _record(

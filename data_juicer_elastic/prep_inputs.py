@@ -14,6 +14,7 @@ import gzip
 import hashlib
 import os
 import stat
+import threading
 import zlib
 from dataclasses import dataclass
 from pathlib import PurePosixPath
@@ -247,14 +248,17 @@ class _HashingReader:
         return True
 
 
-def hash_file(path: str) -> tuple[str, int]:
-    """sha256 and byte count of a file, read in large blocks into one reused buffer."""
+def hash_file(path: str, stop: threading.Event | None = None) -> tuple[str, int]:
+    """sha256 and byte count of a file, read in large blocks into one reused buffer.
+
+    Returns early (with a partial count) once ``stop`` is set: prepare failed elsewhere.
+    """
     digest = hashlib.sha256()
     buf = bytearray(BLOCK)
     view = memoryview(buf)
     total = 0
     with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buf):
+        while (n := f.readinto(buf)) and not (stop and stop.is_set()):
             digest.update(view[:n])
             total += n
     return digest.hexdigest(), total

@@ -1,7 +1,7 @@
 """Writing one shard: read its byte ranges once, validate, normalise, write, hash.
 
-Runs in a worker process (one task per shard), so everything here is a plain
-picklable dataclass or a top-level function. A task reads its ranges in large
+Runs in a worker process (prep_pool, one task per shard), so everything here
+is a plain picklable dataclass or a top-level function. A task reads its ranges in large
 blocks with ``pread``, validates each block of lines (prep_jsonl), writes the
 lines (raw bytes unless a row changed) and hashes what it wrote, in one pass.
 Bad input is returned, not raised, with the range and the line inside it; the
@@ -12,26 +12,26 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from .bulk_write import BulkWriter
 from .prep_jsonl import LineProblem, RowRules, process_lines
 
 BLOCK = 1 << 20
 
-_progress: Any = None  # multiprocessing.Value("q") shared with the parent, set by init_worker
+_progress: Callable[[int], None] | None = None  # told how many input bytes were read (progress bar)
 
 
-def init_worker(progress: Any) -> None:
+def set_progress_hook(hook: Callable[[int], None] | None) -> None:
     global _progress
-    _progress = progress
+    _progress = hook
 
 
 def _advance(nbytes: int) -> None:
     if _progress is not None:
-        with _progress.get_lock():
-            _progress.value += nbytes
+        _progress(nbytes)
 
 
 @dataclass(frozen=True)
@@ -77,44 +77,33 @@ class _ShortRead(Exception):
 
 def write_shard(task: ShardTask) -> ShardOutcome:
     digest = hashlib.sha256()
-    fd = os.open(task.out_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    out = BulkWriter(task.out_path)
     try:
-        size, range_rows, bad = _write_ranges(task, fd, digest)
-        if task.fsync and bad is None:
-            os.fsync(fd)
+        range_rows, bad = _write_ranges(task, out, digest)
     finally:
-        os.close(fd)
-    return ShardOutcome(task.index, sum(range_rows), size, digest.hexdigest(), tuple(range_rows), bad)
+        out.close(fsync=task.fsync)
+    return ShardOutcome(task.index, sum(range_rows), out.size, digest.hexdigest(), tuple(range_rows), bad)
 
 
-def _write_ranges(task: ShardTask, fd: int, digest: Any) -> tuple[int, list[int], BadLine | None]:
-    size = 0
+def _write_ranges(task: ShardTask, out: BulkWriter, digest: Any) -> tuple[list[int], BadLine | None]:
     range_rows: list[int] = []
     row = task.first_row
     for r_index, rng in enumerate(task.ranges):
         rows = 0
         try:
             for lines, raw in _chunks(rng.data_path, rng.start, rng.end):
-                out = process_lines(lines, rng.rules, row)
-                data = raw if out is None else [b"\n".join(out), b"\n"]
-                for part in data:
+                changed = process_lines(lines, rng.rules, row)
+                for part in raw if changed is None else (b"\n".join(changed), b"\n"):
                     digest.update(part)
-                    size += _write_all(fd, part)
+                    out.write(part)
                 rows += len(lines)
                 row += len(lines)
         except LineProblem as exc:
-            return size, range_rows, BadLine(r_index, rows + exc.index, exc.message)
+            return range_rows, BadLine(r_index, rows + exc.index, exc.message)
         except _ShortRead:
-            return size, range_rows, BadLine(r_index, -1, "the file got shorter while prepare read it")
+            return range_rows, BadLine(r_index, -1, "the file got shorter while prepare read it")
         range_rows.append(rows)
-    return size, range_rows, None
-
-
-def _write_all(fd: int, data: bytes | memoryview) -> int:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-    return len(data)
+    return range_rows, None
 
 
 def _chunks(path: str, start: int, end: int) -> Iterator[tuple[list[bytes], list[bytes | memoryview]]]:

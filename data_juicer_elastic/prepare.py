@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import multiprocessing
 import os
 import shutil
 import socket
@@ -21,7 +20,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from concurrent.futures import FIRST_EXCEPTION, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +41,8 @@ from .prep_inputs import (
     materialise,
 )
 from .prep_jsonl import RowRules
-from .prep_shards import ShardOutcome, ShardTask, SourceRange, count_rows, init_worker, newlines_before, write_shard
+from .prep_pool import Counter, make_pool
+from .prep_shards import ShardOutcome, ShardTask, SourceRange, count_rows, newlines_before, write_shard
 from .prep_split import Piece, Stream, TooFewRows, plan
 from .progress import ProgressBar
 from .storage import atomic_write, dumps_json, fsync_dir
@@ -259,26 +259,30 @@ class _Build:
         self.inputs = dataset.inputs
 
     def run(self) -> _Built:
-        with _executor(self._job_count()) as (pool, counter):
+        counter = Counter()
+        with make_pool(self._job_count(), counter) as pool:
             mats = self._materialise(pool)
-            try:
-                stream, ranges = plan([m.data_path for m in mats], [m.data_size for m in mats], self.req.policy.num_shards)
-            except TooFewRows as exc:
-                raise UserError(
-                    f"num_shards: {self.req.policy.num_shards} requested but the input has only {exc.rows} rows; "
-                    f"set num_shards between 1 and {exc.rows}"
-                ) from exc
-            pieces = [stream.pieces(a, b) for a, b in ranges]
+            stream, pieces = self._plan(mats)
             tasks = self._tasks(pool, mats, pieces)
             futures = [pool.submit(write_shard, t) for t in tasks]
-            with ThreadPoolExecutor(1, thread_name_prefix="dje-hash") as hasher:
-                hashes = {i: hasher.submit(hash_file, s.path) for i, s in enumerate(self.inputs) if s.codec is None}
+            plain = {i: s.path for i, s in enumerate(self.inputs) if s.codec is None}
+            with _Hashes(plain) as hashes:
                 outcomes = _collect(futures, counter, stream.total, self.progress)
                 self._raise_bad_line(outcomes, tasks, mats)
-                digests = self._digests(mats, hashes)
-        manifest = self._manifest(pieces, outcomes, digests)
+                digests = self._digests(mats, hashes.results())
+        manifest = self._manifest(pieces, outcomes, digests)  # type: ignore[arg-type]  # no None left
         self._write_layout(manifest)
         return _Built(manifest, stream.total)
+
+    def _plan(self, mats: list[Materialised]) -> tuple[Stream, list[list[Piece]]]:
+        n = self.req.policy.num_shards
+        try:
+            stream, ranges = plan([m.data_path for m in mats], [m.data_size for m in mats], n)
+        except TooFewRows as exc:
+            raise UserError(
+                f"num_shards: {n} requested but the input has only {exc.rows} rows; set num_shards between 1 and {exc.rows}"
+            ) from exc
+        return stream, [stream.pieces(a, b) for a, b in ranges]
 
     def _job_count(self) -> int:
         """Worker processes to use; 0 means run in this process."""
@@ -321,10 +325,10 @@ class _Build:
             row += sum(f.result() for f in shard_counts)
         return firsts
 
-    def _raise_bad_line(self, outcomes: list[ShardOutcome], tasks: list[ShardTask], mats: list[Materialised]) -> None:
+    def _raise_bad_line(self, outcomes: list[ShardOutcome | None], tasks: list[ShardTask], mats: list[Materialised]) -> None:
         """Report the first bad line in input order as file:line, with what to do."""
         for outcome, task in zip(outcomes, tasks):
-            if outcome.bad is None:
+            if outcome is None or outcome.bad is None:
                 continue
             rng = task.ranges[outcome.bad.range_index]
             spec = self.inputs[rng.file]
@@ -333,12 +337,12 @@ class _Build:
             line = newlines_before(mats[rng.file].data_path, rng.start) + outcome.bad.line_in_range + 1
             raise UserError(f"{spec.path}:{line}: {outcome.bad.message}")
 
-    def _digests(self, mats: list[Materialised], hashes: dict[int, Future]) -> list[str]:
+    def _digests(self, mats: list[Materialised], hashes: dict[int, tuple[str, int]]) -> list[str]:
         """sha256 per input, after checking no input changed while it was read."""
         out = []
         for i, (spec, mat) in enumerate(zip(self.inputs, mats)):
             if i in hashes:
-                sha, nbytes = hashes[i].result()
+                sha, nbytes = hashes[i]
                 check_unchanged(spec, nbytes)
             else:
                 sha = mat.sha256 or ""
@@ -389,66 +393,46 @@ class _Build:
         atomic_write(self.staging / "manifest.json", dumps_json(manifest.to_dict()))
 
 
-def _collect(futures: list[Future], counter: Any, total: int, progress: bool | None) -> list[ShardOutcome]:
-    """Wait for the shard tasks, drawing progress from the workers' shared byte counter."""
+def _collect(futures: list[Future], counter: Counter, total: int, progress: bool | None) -> list[ShardOutcome | None]:
+    """Wait for the shard tasks, drawing progress; stop early once a bad line is sure to be the first.
+
+    Outcomes of shards after the first bad one may be None (cancelled or not waited for).
+    """
     bar = ProgressBar(total, "prepare", progress)
+    index = {f: i for i, f in enumerate(futures)}
+    first_bad = len(futures)
+    pending = set(futures)
     try:
-        pending = set(futures)
-        while pending:
-            done, pending = wait(pending, timeout=0.2, return_when=FIRST_EXCEPTION)
-            if any(f.exception() is not None for f in done):
-                break
+        while pending and any(index[f] < first_bad for f in pending):
+            done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+            for f in done:
+                if f.result().bad is not None:  # result() re-raises a task's exception
+                    first_bad = min(first_bad, index[f])
             bar.update(counter.value)
     finally:
         bar.close()
-    return [f.result() for f in futures]
+    return [f.result() if f.done() and index[f] <= first_bad else None for f in futures]
 
 
-# executors ------------------------------------------------------------------
-class _Counter:
-    """In-process stand-in for multiprocessing.Value: same get_lock()/value interface."""
+class _Hashes:
+    """sha256 of the plain inputs, hashed one after another in a background thread.
 
-    def __init__(self) -> None:
-        self.value = 0
-        self._lock = threading.Lock()
+    hashlib releases the GIL, so this overlaps with the shard workers; on an
+    error the thread is told to stop at its next block.
+    """
 
-    def get_lock(self) -> threading.Lock:
-        return self._lock
+    def __init__(self, paths: dict[int, str]) -> None:
+        self._stop = threading.Event()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="dje-hash")
+        self._futures = {i: self._pool.submit(hash_file, p, self._stop) for i, p in paths.items()}
 
+    def __enter__(self) -> _Hashes:
+        return self
 
-class _Inline(Executor):
-    """Runs each task at submit time: small inputs skip process start-up."""
+    def results(self) -> dict[int, tuple[str, int]]:
+        return {i: f.result() for i, f in self._futures.items()}
 
-    def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> Future:  # type: ignore[override]
-        fut: Future = Future()
-        try:
-            fut.set_result(fn(*args, **kwargs))
-        except BaseException as exc:  # noqa: BLE001 - delivered through the future like a pool would
-            fut.set_exception(exc)
-        return fut
-
-
-class _executor:
-    """Context manager yielding (executor, shared progress counter)."""
-
-    def __init__(self, jobs: int) -> None:
-        self.jobs = jobs
-        self.pool: Executor | None = None
-
-    def __enter__(self) -> tuple[Executor, Any]:
-        if self.jobs <= 0:
-            counter: Any = _Counter()
-            init_worker(counter)
-            self.pool = _Inline()
-            return self.pool, counter
-        # fork is cheap and safe while this process runs no other threads; otherwise spawn
-        method = "fork" if threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods() else "spawn"
-        ctx = multiprocessing.get_context(method)
-        counter = ctx.Value("q", 0)
-        self.pool = ProcessPoolExecutor(self.jobs, mp_context=ctx, initializer=init_worker, initargs=(counter,))
-        return self.pool, counter
-
-    def __exit__(self, *exc: object) -> None:
-        init_worker(None)
-        if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        if exc_type is not None:
+            self._stop.set()
+        self._pool.shutdown(wait=True, cancel_futures=exc_type is not None)

@@ -458,3 +458,46 @@ def test_progress_true_does_not_change_output(tmp_path: Path, data: Path, capsys
     run(request(data, tmp_path / "j1", 3), progress=True)
     run(request(data, tmp_path / "j2", 3), progress=False)
     assert shard_bytes(tmp_path / "j1") == shard_bytes(tmp_path / "j2")
+
+
+# the pieces prepare is built from ------------------------------------------------
+@pytest.mark.parametrize("where, direct", [("disk", True), ("disk", False), ("shm", True)])
+def test_bulk_writer_bytes_match(tmp_path: Path, where: str, direct: bool) -> None:
+    from data_juicer_elastic.bulk_write import ALIGN, BUFFER, BulkWriter
+
+    folder = tmp_path if where == "disk" else Path("/dev/shm")
+    if not folder.is_dir():
+        pytest.skip("no /dev/shm")
+    for size in (0, 1, ALIGN - 1, ALIGN, ALIGN + 1, BUFFER - 1, BUFFER, 2 * BUFFER + ALIGN + 3):
+        path = folder / f"dje-bulk-{os.getpid()}-{size}"
+        data = os.urandom(size)
+        try:
+            with BulkWriter(path, direct=direct) as w:
+                for i in range(0, size, 777_777):  # uneven pieces
+                    w.write(memoryview(data)[i:i + 777_777])
+            assert path.read_bytes() == data and w.size == size
+            with pytest.raises(FileExistsError):
+                BulkWriter(path)
+        finally:
+            path.unlink(missing_ok=True)
+
+
+def test_worker_processes_need_no_main_guard(tmp_path: Path) -> None:
+    """Workers are fresh interpreters: a script without a main guard, with a thread running, works."""
+    import subprocess
+    import sys
+
+    data = write_rows(tmp_path / "d.jsonl", text_rows(2000))
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "import threading, sys\n"
+        "threading.Thread(target=threading.Event().wait, daemon=True).start()\n"
+        "from data_juicer_elastic.prepare import prepare, PrepareRequest\n"
+        "from data_juicer_elastic.jobdir import Policy\n"
+        f"r = prepare(PrepareRequest({str(data)!r}, {str(tmp_path / 'job')!r}, b'a: 1\\n', Policy(num_shards=4)), jobs=2)\n"
+        "print('rows', r.rows)\n"
+    )
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "rows 2000" in proc.stdout
+    assert b"".join(shard_bytes(tmp_path / "job")) == data.read_bytes()

@@ -1,0 +1,233 @@
+"""A small pool of child interpreters for prepare's CPU-bound tasks.
+
+Why not multiprocessing: ``fork`` is unsafe once the caller runs threads (the
+coordinator's heartbeat, Ray's), and ``spawn``/``forkserver`` re-run the
+caller's ``__main__``, which breaks scripts without a main guard and drags
+Data-Juicer into every worker. The children here run ``python -m
+data_juicer_elastic.prep_pool`` and import only what a task needs.
+
+Protocol, length-prefixed pickles over the child's stdin/stdout:
+parent -> child ``(fn, args)`` or ``None`` (exit); child -> parent
+``("progress", nbytes)``, then ``("ok", result)`` or ``("err", exception)``.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import struct
+import subprocess
+import sys
+import threading
+import traceback
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
+from typing import Any, BinaryIO
+
+from . import prep_shards
+
+_LEN = struct.Struct("<Q")
+PROGRESS_EVERY = 8 << 20
+
+
+class Counter:
+    """Bytes processed so far, added to from several threads."""
+
+    def __init__(self) -> None:
+        self.value = 0
+        self._lock = threading.Lock()
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self.value += n
+
+
+def make_pool(jobs: int, counter: Counter) -> Executor:
+    """``jobs`` child processes, or the calling thread itself when ``jobs`` is 0."""
+    return ChildPool(jobs, counter) if jobs > 0 else InlinePool(counter)
+
+
+class InlinePool(Executor):
+    """Runs each task at submit time: small inputs skip process start-up."""
+
+    def __init__(self, counter: Counter) -> None:
+        self.counter = counter
+
+    def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> Future:  # type: ignore[override]
+        fut: Future = Future()
+        prep_shards.set_progress_hook(self.counter.add)
+        try:
+            fut.set_result(fn(*args, **kwargs))
+        except BaseException as exc:  # noqa: BLE001 - delivered through the future, as a pool would
+            fut.set_exception(exc)
+        finally:
+            prep_shards.set_progress_hook(None)
+        return fut
+
+
+class ChildPool(Executor):
+    """One feeder thread per child process; tasks are handed out as children become free."""
+
+    def __init__(self, jobs: int, counter: Counter) -> None:
+        self.counter = counter
+        self._tasks: queue.Queue = queue.Queue()
+        self._children = [_start_child() for _ in range(jobs)]
+        self._threads = [
+            threading.Thread(target=self._feed, args=(child,), name=f"dje-prep-{i}", daemon=True)
+            for i, child in enumerate(self._children)
+        ]
+        for t in self._threads:
+            t.start()
+
+    def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> Future:  # type: ignore[override]
+        if kwargs:
+            raise TypeError("ChildPool tasks take positional arguments only")
+        fut: Future = Future()
+        self._tasks.put((fut, fn, args))
+        return fut
+
+    def _feed(self, child: subprocess.Popen) -> None:
+        while True:
+            item = self._tasks.get()
+            if item is None:
+                return
+            fut, fn, args = item
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(self._run(child, fn, args))
+            except BaseException as exc:  # noqa: BLE001 - the task's failure belongs to its future
+                fut.set_exception(exc)
+
+    def _run(self, child: subprocess.Popen, fn: Callable, args: tuple) -> Any:
+        try:
+            _send(child.stdin, (fn, args))
+            kind, value = _recv(child.stdout)
+            while kind == "progress":
+                self.counter.add(value)
+                kind, value = _recv(child.stdout)
+        except (EOFError, OSError) as exc:
+            code = child.poll()
+            raise RuntimeError(f"a prepare worker process died (exit code {code}); see its output above") from exc
+        if kind == "err":
+            raise value
+        return value
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        self.shutdown(wait=True, cancel_futures=exc_type is not None)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        if cancel_futures:
+            self._cancel_pending()
+        for _ in self._threads:
+            self._tasks.put(None)
+        if cancel_futures:
+            for child in self._children:  # a task may still be running: stop it, its output is discarded
+                child.terminate()
+        for t in self._threads:
+            t.join()
+        for child in self._children:
+            _stop_child(child)
+
+    def _cancel_pending(self) -> None:
+        while True:
+            try:
+                item = self._tasks.get_nowait()
+            except queue.Empty:
+                return
+            if item is not None:
+                item[0].cancel()
+
+
+def _start_child() -> subprocess.Popen:
+    env = dict(os.environ)
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
+    return subprocess.Popen(
+        [sys.executable, "-m", "data_juicer_elastic.prep_pool"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
+        bufsize=0,
+    )
+
+
+def _stop_child(child: subprocess.Popen) -> None:
+    for stream in (child.stdin, child.stdout):
+        try:
+            stream.close()  # type: ignore[union-attr]
+        except OSError:
+            pass
+    try:
+        child.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+
+
+def _send(stream: BinaryIO | None, obj: Any) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(_LEN.pack(len(data)) + data)  # type: ignore[union-attr]
+    stream.flush()  # type: ignore[union-attr]
+
+
+def _recv(stream: BinaryIO | None) -> Any:
+    head = _read_exactly(stream, _LEN.size)
+    return pickle.loads(_read_exactly(stream, _LEN.unpack(head)[0]))
+
+
+def _read_exactly(stream: BinaryIO | None, n: int) -> bytes:
+    parts, left = [], n
+    while left:
+        chunk = stream.read(left)  # type: ignore[union-attr]
+        if not chunk:
+            raise EOFError("pipe closed")
+        parts.append(chunk)
+        left -= len(chunk)
+    return b"".join(parts)
+
+
+# the child side ----------------------------------------------------------------
+def _child_main() -> None:
+    """Serve tasks until told to stop; stdout is kept for the protocol, prints go to stderr."""
+    proto_out = os.fdopen(os.dup(1), "wb", buffering=0)
+    os.dup2(2, 1)
+    proto_in = sys.stdin.buffer
+    pending = [0]
+
+    def progress(n: int) -> None:
+        pending[0] += n
+        if pending[0] >= PROGRESS_EVERY:
+            _send(proto_out, ("progress", pending[0]))
+            pending[0] = 0
+
+    prep_shards.set_progress_hook(progress)
+    while True:
+        try:
+            task = _recv(proto_in)
+        except EOFError:
+            return
+        if task is None:
+            return
+        fn, args = task
+        try:
+            reply = ("ok", fn(*args))
+        except BaseException as exc:  # noqa: BLE001 - every failure goes back to the parent
+            reply = ("err", _picklable(exc))
+        if pending[0]:
+            _send(proto_out, ("progress", pending[0]))
+            pending[0] = 0
+        _send(proto_out, reply)
+
+
+def _picklable(exc: BaseException) -> BaseException:
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:  # noqa: BLE001 - fall back to the text of the error
+        return RuntimeError("".join(traceback.format_exception(exc)))
+
+
+if __name__ == "__main__":
+    _child_main()
