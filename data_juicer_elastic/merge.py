@@ -225,7 +225,7 @@ def _all_done(job: JobDir) -> list[DoneRecord]:
             records.append(record)
     if missing:
         shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
-        raise UserError(
+        raise IntegrityError(
             f"{job.root}: {len(missing)} of {len(specs)} shards are not done ({shown}); "
             "run workers until `dj-elastic status` shows every shard done, then merge"
         )

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from collections import deque
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import compress
 from operator import not_
 
@@ -39,7 +40,7 @@ class RowRules:
     index_keys: tuple[str, ...]
     media_base: str  # absolute folder relative media paths are joined to
 
-    @property
+    @cached_property
     def media_set(self) -> frozenset[str]:
         return frozenset(self.media_keys)
 

@@ -1,9 +1,11 @@
 """Writing one shard: read its byte ranges once, validate, normalise, write, hash.
 
 Runs in a worker process (prep_pool, one task per shard), so everything here
-is a plain picklable dataclass or a top-level function. A task reads its ranges in large
-blocks with ``pread``, validates each block of lines (prep_jsonl), writes the
-lines (raw bytes unless a row changed) and hashes what it wrote, in one pass.
+is a plain picklable dataclass or a top-level function. A task reads its
+ranges with ``pread`` in 1 MB blocks (cache-sized: split and parse stay in
+cache; measured faster than 8-16 MB blocks), validates each block of lines
+(prep_jsonl), writes the lines (raw bytes unless a row changed) and hashes
+what it wrote, in one pass.
 Bad input is returned, not raised, with the range and the line inside it; the
 parent turns that into ``file:line``.
 """

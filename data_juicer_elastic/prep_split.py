@@ -11,6 +11,7 @@ rows. Nothing here parses JSON: validation happens when the shards are written.
 from __future__ import annotations
 
 import bisect
+import heapq
 from dataclasses import dataclass
 
 SCAN = 1 << 20
@@ -39,6 +40,9 @@ class Stream:
         self.offsets = [0]
         for size in sizes:
             self.offsets.append(self.offsets[-1] + size)
+        # scans already done: every pos in [low[a], a] has line start a (no newline in between)
+        self._answers: list[int] = []
+        self._low: dict[int, int] = {}
 
     @property
     def total(self) -> int:
@@ -49,11 +53,17 @@ class Stream:
         if pos >= self.total:
             return self.total
         i = bisect.bisect_right(self.offsets, pos) - 1
-        local = pos - self.offsets[i]
-        if local == 0:
+        if pos == self.offsets[i]:
             return pos
-        nl = _find_newline(self.paths[i], local - 1)
-        return self.offsets[i + 1] if nl < 0 else self.offsets[i] + nl + 1
+        k = bisect.bisect_left(self._answers, pos)
+        if k < len(self._answers) and self._low[self._answers[k]] <= pos:
+            return self._answers[k]  # inside a stretch scanned before (one huge line, many targets)
+        nl = _find_newline(self.paths[i], pos - self.offsets[i] - 1)
+        answer = self.offsets[i + 1] if nl < 0 else self.offsets[i] + nl + 1
+        if answer not in self._low:
+            bisect.insort(self._answers, answer)
+        self._low[answer] = min(pos, self._low.get(answer, pos))
+        return answer
 
     def pieces(self, start: int, end: int) -> list[Piece]:
         """Split the global range [start, end) at file borders."""
@@ -93,19 +103,20 @@ def plan(paths: list[str], sizes: list[int], n: int) -> tuple[Stream, list[tuple
 
 
 def _split_until(stream: Stream, cuts: set[int], n: int) -> None:
-    """Add cuts inside the largest splittable ranges until there are n - 1 of them."""
-    single: set[tuple[int, int]] = set()  # ranges known to hold exactly one line
+    """Split the largest range that holds two or more lines until there are n - 1 cuts."""
+    bounds = [0, *sorted(cuts), stream.total]
+    heap = [(a - b, a, b) for a, b in zip(bounds, bounds[1:])]  # largest range first
+    heapq.heapify(heap)
     while len(cuts) < n - 1:
-        bounds = [0, *sorted(cuts), stream.total]
-        ranges = sorted((r for r in zip(bounds, bounds[1:]) if r not in single), key=lambda r: r[0] - r[1])
-        for a, b in ranges:
-            cut = _interior_line_start(stream, a, b)
-            if cut is not None:
-                cuts.add(cut)
-                break
-            single.add((a, b))
-        else:
-            raise TooFewRows(len(bounds) - 1)
+        if not heap:  # every range is a single line
+            raise TooFewRows(len(cuts) + 1)
+        _, a, b = heapq.heappop(heap)
+        cut = _interior_line_start(stream, a, b)
+        if cut is None:
+            continue
+        cuts.add(cut)
+        heapq.heappush(heap, (a - cut, a, cut))
+        heapq.heappush(heap, (cut - b, cut, b))
 
 
 def _interior_line_start(stream: Stream, a: int, b: int) -> int | None:

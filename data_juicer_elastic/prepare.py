@@ -186,13 +186,18 @@ class _Staging:
 
     def __init__(self, target: Path) -> None:
         self.target = target
-        self._made_parents = _make_parents(target.parent)
         token = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.path = target.parent / f".{target.name}{STAGING_MARK}{token}"
         self._published = False
+        self._made_parents: list[Path] = []
 
     def __enter__(self) -> _Staging:
-        os.mkdir(self.path)
+        self._made_parents = _make_parents(self.target.parent)
+        try:
+            os.mkdir(self.path)
+        except OSError as exc:
+            self._remove_parents()
+            raise UserError(f"{self.path}: cannot create the staging folder ({exc.strerror}); check permissions on {self.target.parent}") from exc
         return self
 
     def publish(self) -> bool:
@@ -215,11 +220,14 @@ class _Staging:
             return
         self.discard()
         if exc_type is not None:
-            for made in reversed(self._made_parents):
-                try:
-                    os.rmdir(made)
-                except OSError:
-                    break
+            self._remove_parents()
+
+    def _remove_parents(self) -> None:
+        for made in reversed(self._made_parents):
+            try:
+                os.rmdir(made)
+            except OSError:
+                break
 
 
 def _make_parents(parent: Path) -> list[Path]:

@@ -102,7 +102,7 @@ def test_incomplete_job_is_refused(tmp_path: Path, job: JobDir) -> None:
     for spec in job.manifest().shards[:3]:
         fake_done(job, spec.id)
     out = tmp_path / "merged.jsonl"
-    with pytest.raises(UserError, match="2 of 5 shards are not done") as err:
+    with pytest.raises(IntegrityError, match="2 of 5 shards are not done") as err:
         merge(job, str(out), log=lambda m: None)
     assert "part-00003-of-00005" in str(err.value) and "dj-elastic status" in str(err.value)
     assert not out.exists() and _no_temp_files(tmp_path)

@@ -11,6 +11,8 @@ from pathlib import Path
 import orjson
 import pytest
 import zstandard
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from data_juicer_elastic.errors import UserError
 from data_juicer_elastic.jobdir import JobDir
@@ -501,3 +503,37 @@ def test_worker_processes_need_no_main_guard(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "rows 2000" in proc.stdout
     assert b"".join(shard_bytes(tmp_path / "job")) == data.read_bytes()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    files=st.lists(st.lists(st.integers(1, 300), min_size=1, max_size=12), min_size=1, max_size=4),
+    last_newline=st.booleans(),
+    data=st.data(),
+)
+def test_plan_properties(tmp_path: Path, files: list[list[int]], last_newline: bool, data: st.DataObject) -> None:
+    """Any files, any n <= rows: n non-empty contiguous ranges, each starting at a line start."""
+    from data_juicer_elastic.prep_split import TooFewRows, plan
+
+    paths, sizes, starts, offset = [], [], set(), 0
+    for k, lengths in enumerate(files):
+        body = b"".join(b"x" * (n - 1) + b"\n" for n in lengths)
+        if not last_newline:
+            body = body[:-1] or b"x"
+        path = tmp_path / f"plan-{k}.jsonl"
+        path.write_bytes(body)
+        starts |= {offset + i + 1 for i, c in enumerate(body) if c == 10 and i + 1 < len(body)} | {offset}
+        paths.append(str(path))
+        sizes.append(len(body))
+        offset += len(body)
+    rows = len(starts)
+    n = data.draw(st.integers(1, rows + 1))
+    if n > rows:
+        with pytest.raises(TooFewRows) as err:
+            plan(paths, sizes, n)
+        assert err.value.rows == rows
+        return
+    _, ranges = plan(paths, sizes, n)
+    assert len(ranges) == n and ranges[0][0] == 0 and ranges[-1][1] == offset
+    assert all(a < b for a, b in ranges) and all(x[1] == y[0] for x, y in zip(ranges, ranges[1:]))
+    assert {a for a, _ in ranges} <= starts
