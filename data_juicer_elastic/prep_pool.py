@@ -6,9 +6,10 @@ caller's ``__main__``, which breaks scripts without a main guard and drags
 Data-Juicer into every worker. The children here run ``python -m
 data_juicer_elastic.prep_pool`` and import only what a task needs.
 
-Protocol, length-prefixed pickles over the child's stdin/stdout:
-parent -> child ``(fn, args)`` or ``None`` (exit); child -> parent
-``("progress", nbytes)``, then ``("ok", result)`` or ``("err", exception)``.
+Protocol, length-prefixed pickles over the child's stdin/stdout: the child
+first says ``("ready", None)``; then parent -> child ``(fn, args)`` (EOF to
+exit), child -> parent ``("progress", nbytes)``..., then ``("ok", result)``
+or ``("err", exception)``.
 """
 
 from __future__ import annotations
@@ -44,8 +45,13 @@ class Counter:
 
 
 def make_pool(jobs: int, counter: Counter) -> Executor:
-    """``jobs`` child processes, or the calling thread itself when ``jobs`` is 0."""
-    return ChildPool(jobs, counter) if jobs > 0 else InlinePool(counter)
+    """``jobs`` child processes, or the calling thread itself when ``jobs`` is 0 or children cannot start."""
+    if jobs > 0:
+        try:
+            return ChildPool(jobs, counter)
+        except (OSError, EOFError):
+            pass  # e.g. no usable sys.executable (embedded interpreter): slower, still correct
+    return InlinePool(counter)
 
 
 class InlinePool(Executor):
@@ -72,7 +78,17 @@ class ChildPool(Executor):
     def __init__(self, jobs: int, counter: Counter) -> None:
         self.counter = counter
         self._tasks: queue.Queue = queue.Queue()
-        self._children = [_start_child() for _ in range(jobs)]
+        self._children: list[subprocess.Popen] = []
+        try:
+            self._children = [_start_child() for _ in range(jobs)]
+            for child in self._children:  # each child says it imported fine
+                if _recv(child.stdout) != ("ready", None):
+                    raise EOFError("unexpected greeting")
+        except BaseException:
+            for child in self._children:
+                child.kill()
+                _stop_child(child)
+            raise
         self._threads = [
             threading.Thread(target=self._feed, args=(child,), name=f"dje-prep-{i}", daemon=True)
             for i, child in enumerate(self._children)
@@ -108,7 +124,10 @@ class ChildPool(Executor):
                 self.counter.add(value)
                 kind, value = _recv(child.stdout)
         except (EOFError, OSError) as exc:
-            code = child.poll()
+            try:
+                code = child.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                code = None
             raise RuntimeError(f"a prepare worker process died (exit code {code}); see its output above") from exc
         if kind == "err":
             raise value
@@ -203,6 +222,7 @@ def _child_main() -> None:
             pending[0] = 0
 
     prep_shards.set_progress_hook(progress)
+    _send(proto_out, ("ready", None))
     while True:
         try:
             task = _recv(proto_in)

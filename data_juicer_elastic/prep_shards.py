@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .bulk_write import BulkWriter
+from .errors import UserError
 from .prep_jsonl import LineProblem, RowRules, process_lines
 
 BLOCK = 1 << 20
@@ -151,7 +152,7 @@ def count_rows(path: str, start: int, end: int) -> int:
         while pos < end:
             block = os.pread(fd, min(BLOCK, end - pos), pos)
             if not block:
-                raise _ShortRead
+                raise UserError(f"{path}: got shorter while prepare read it; wait until nothing writes it, then prepare again")
             rows += block.count(b"\n")
             pos += len(block)
             last = block[-1:]

@@ -537,3 +537,27 @@ def test_plan_properties(tmp_path: Path, files: list[list[int]], last_newline: b
     assert len(ranges) == n and ranges[0][0] == 0 and ranges[-1][1] == offset
     assert all(a < b for a, b in ranges) and all(x[1] == y[0] for x, y in zip(ranges, ranges[1:]))
     assert {a for a, _ in ranges} <= starts
+
+
+def test_child_pool_reports_errors_and_dead_workers() -> None:
+    from data_juicer_elastic.prep_pool import ChildPool, Counter
+
+    with ChildPool(2, Counter()) as pool:
+        ok = pool.submit(divmod, 7, 2)
+        bad = pool.submit(int, "not a number")
+        assert ok.result(timeout=60) == (3, 1)
+        with pytest.raises(ValueError, match="not a number"):
+            bad.result(timeout=60)
+        dead = pool.submit(os._exit, 3)
+        with pytest.raises(RuntimeError, match=r"worker process died \(exit code 3\)"):
+            dead.result(timeout=60)
+
+
+def test_pool_falls_back_to_inline_without_a_python(tmp_path: Path, data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from data_juicer_elastic.prep_pool import Counter, InlinePool, make_pool
+
+    monkeypatch.setattr("sys.executable", str(tmp_path / "no-python-here"))
+    with make_pool(2, Counter()) as pool:
+        assert isinstance(pool, InlinePool)
+    result, _ = run(request(data, tmp_path / "job", 3), jobs=2)
+    assert result.created and result.rows == 200
