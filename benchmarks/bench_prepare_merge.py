@@ -39,8 +39,11 @@ def generate(path: Path, mb: int, media: bool) -> None:
     target, written, i = mb * 1_000_000, 0, 0
     with open(path, "wb") as f:
         while written < target:
-            row = {"text": " ".join(rnd.choices(words, k=rnd.randint(20, 400))), "id": i,
-                   "meta": {"src": "web", "score": rnd.random(), "lang": "en"}}
+            row = {
+                "text": " ".join(rnd.choices(words, k=rnd.randint(20, 400))),
+                "id": i,
+                "meta": {"src": "web", "score": rnd.random(), "lang": "en"},
+            }
             if media and i % 7 == 0:
                 row["images"] = [f"img/{i}.jpg"]
             line = orjson.dumps(row) + b"\n"
@@ -72,9 +75,18 @@ def identity_done(job: JobDir) -> None:
         out = job.attempt_output(spec.id, 1)
         out.parent.mkdir(parents=True, exist_ok=True)
         os.link(job.shard_file(spec.id), out)
-        record = {"shard": spec.id, "attempt": 1, "host": "bench", "pid": os.getpid(), "rows": spec.rows,
-                  "bytes": spec.bytes, "sha256": spec.sha256, "output": f"attempts/{spec.id}/0001/processed.jsonl",
-                  "started_at": time.time(), "finished_at": time.time()}
+        record = {
+            "shard": spec.id,
+            "attempt": 1,
+            "host": "bench",
+            "pid": os.getpid(),
+            "rows": spec.rows,
+            "bytes": spec.bytes,
+            "sha256": spec.sha256,
+            "output": f"attempts/{spec.id}/0001/processed.jsonl",
+            "started_at": time.time(),
+            "finished_at": time.time(),
+        }
         publish_once(job.done_path(spec.id), dumps_json(record))
 
 
@@ -101,18 +113,28 @@ def main() -> None:
         out.unlink(missing_ok=True)
         os.sync()
         base = timed(lambda: read_sha256(src))
-        prep = timed(lambda: prepare(PrepareRequest(str(src), str(job_dir), b"bench: 1\n", Policy(num_shards=a.shards)),
-                                     log=lambda m: None, jobs=a.jobs))
+        prep = timed(
+            lambda: prepare(
+                PrepareRequest(str(src), str(job_dir), b"bench: 1\n", Policy(num_shards=a.shards)),
+                log=lambda m: None,
+                jobs=a.jobs,
+            )
+        )
         identity_done(JobDir(job_dir))
         mrg = timed(lambda: merge(JobDir(job_dir), str(out), log=lambda m: None))
         rows.append((base, prep, mrg))
         mbs = [size / w / 1e6 for w, _ in (base, prep, mrg)]
-        print(f"rep {rep}: read+sha256 {mbs[0]:.0f} MB/s ({base[1]:.2f} cpu-s) | prepare {mbs[1]:.0f} MB/s "
-              f"({prep[1]:.2f} cpu-s) wall ratio {base[0] / prep[0]:.2f} cpu ratio {base[1] / prep[1]:.2f} | "
-              f"merge {mbs[2]:.0f} MB/s wall ratio {base[0] / mrg[0]:.2f}", flush=True)
+        print(
+            f"rep {rep}: read+sha256 {mbs[0]:.0f} MB/s ({base[1]:.2f} cpu-s) | prepare {mbs[1]:.0f} MB/s "
+            f"({prep[1]:.2f} cpu-s) wall ratio {base[0] / prep[0]:.2f} cpu ratio {base[1] / prep[1]:.2f} | "
+            f"merge {mbs[2]:.0f} MB/s wall ratio {base[0] / mrg[0]:.2f}",
+            flush=True,
+        )
     med = statistics.median
-    print(f"median: prepare wall ratio {med(b[0] / p[0] for b, p, _ in rows):.2f}, "
-          f"cpu ratio {med(b[1] / p[1] for b, p, _ in rows):.2f}; merge wall ratio {med(b[0] / m[0] for b, _, m in rows):.2f}")
+    print(
+        f"median: prepare wall ratio {med(b[0] / p[0] for b, p, _ in rows):.2f}, "
+        f"cpu ratio {med(b[1] / p[1] for b, p, _ in rows):.2f}; merge wall ratio {med(b[0] / m[0] for b, _, m in rows):.2f}"
+    )
     shutil.rmtree(work / "job", ignore_errors=True)
     (work / "merged.jsonl").unlink(missing_ok=True)
 

@@ -106,4 +106,4 @@ class BulkWriter:
 
 def _write_all(fd: int, view: memoryview) -> None:
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]

@@ -96,13 +96,17 @@ def load_done(job: JobDir, spec: ShardSpec) -> DoneRecord | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
-        raise IntegrityError(f"{path}: unreadable done record ({exc}); restore it or archive it and rerun {spec.id}") from exc
+        raise IntegrityError(
+            f"{path}: unreadable done record ({exc}); restore it or archive it and rerun {spec.id}"
+        ) from exc
     return _check_record(job, spec, raw, path)
 
 
 def _check_record(job: JobDir, spec: ShardSpec, raw: Any, path: Path) -> DoneRecord:
     def bad(what: str) -> IntegrityError:
-        return IntegrityError(f"{path}: {what}; the done record was edited or corrupted: restore it, or archive it and rerun {spec.id}")
+        return IntegrityError(
+            f"{path}: {what}; the done record was edited or corrupted: restore it, or archive it and rerun {spec.id}"
+        )
 
     if not isinstance(raw, dict):
         raise bad("not a JSON object")
@@ -122,7 +126,9 @@ def _check_record(job: JobDir, spec: ShardSpec, raw: Any, path: Path) -> DoneRec
     if output != expected:
         job.confine(output, f"done record {path.name} output")  # outside the job dir: say so first
         raise bad(f"output is {output!r}, expected {expected!r}")
-    return DoneRecord(spec.id, raw["attempt"], host, raw["rows"], raw["bytes"], raw["sha256"], job.confine(output, "output"))
+    return DoneRecord(
+        spec.id, raw["attempt"], host, raw["rows"], raw["bytes"], raw["sha256"], job.confine(output, "output")
+    )
 
 
 # verify -----------------------------------------------------------------------
@@ -186,7 +192,12 @@ def _digest(path: Path, buf: bytearray) -> tuple[int, int, str, bool]:
 
 # merge ------------------------------------------------------------------------
 def merge(
-    job: JobDir, output: str, *, overwrite: bool = False, log: Callable[[str], Any] = print, progress: bool | None = None
+    job: JobDir,
+    output: str,
+    *,
+    overwrite: bool = False,
+    log: Callable[[str], Any] = print,
+    progress: bool | None = None,
 ) -> MergeResult:
     """Concatenate the verified outputs in manifest order into ``output``, atomically."""
     started, started_at = time.monotonic(), time.time()
@@ -203,7 +214,9 @@ def merge(
     seconds = time.monotonic() - started
     _record(job, out, records, rows, size, sha, started_at, seconds)
     mb = size / 1e6
-    log(f"merged {len(records)} shards, {rows:,} rows, {mb:,.1f} MB in {seconds:.2f} s ({mb / max(seconds, 1e-9):,.1f} MB/s) into {out}")
+    log(
+        f"merged {len(records)} shards, {rows:,} rows, {mb:,.1f} MB in {seconds:.2f} s ({mb / max(seconds, 1e-9):,.1f} MB/s) into {out}"
+    )
     return MergeResult(str(out), rows, size, seconds, len(records))
 
 
@@ -211,7 +224,9 @@ def _check_target(out: Path, overwrite: bool) -> None:
     if out.is_dir():
         raise UserError(f"{out}: is a directory; give a file path for the merged output")
     if os.path.lexists(out) and not overwrite:
-        raise UserError(f"{out}: already exists; pass --overwrite (or overwrite_output) to replace it, or choose another path")
+        raise UserError(
+            f"{out}: already exists; pass --overwrite (or overwrite_output) to replace it, or choose another path"
+        )
 
 
 def _all_done(job: JobDir) -> list[DoneRecord]:
@@ -271,14 +286,21 @@ def _copy_all(records: list[DoneRecord], writer: BulkWriter, bar: ProgressBar) -
 
 
 def _copy_one(
-    record: DoneRecord, writer: BulkWriter, buf: bytearray, merged: Any, hasher: ThreadPoolExecutor, tick: Callable[[int], None]
+    record: DoneRecord,
+    writer: BulkWriter,
+    buf: bytearray,
+    merged: Any,
+    hasher: ThreadPoolExecutor,
+    tick: Callable[[int], None],
 ) -> tuple[int, int]:
     digest, rows, size, last = hashlib.sha256(), 0, 0, 10
     view = memoryview(buf)
     try:
         f = open(record.output, "rb", buffering=0)
     except OSError as exc:
-        raise IntegrityError(f"shard {record.shard}: {record.output} cannot be read ({exc.strerror}); restore it or rerun the shard") from exc
+        raise IntegrityError(
+            f"shard {record.shard}: {record.output} cannot be read ({exc.strerror}); restore it or rerun the shard"
+        ) from exc
     with f:
         while n := f.readinto(buf):
             block = view[:n]
@@ -308,7 +330,14 @@ def _record(
                 "bytes": size,
                 "sha256": sha,
                 "shards": [
-                    {"shard": r.shard, "attempt": r.attempt, "host": r.host, "rows": r.rows, "bytes": r.bytes, "sha256": r.sha256}
+                    {
+                        "shard": r.shard,
+                        "attempt": r.attempt,
+                        "host": r.host,
+                        "rows": r.rows,
+                        "bytes": r.bytes,
+                        "sha256": r.sha256,
+                    }
                     for r in records
                 ],
                 "started_at": started_at,

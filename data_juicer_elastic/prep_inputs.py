@@ -220,8 +220,12 @@ def _corrupt(spec: InputSpec, exc: BaseException) -> UserError:
 def _decompressor(codec: str, raw: BinaryIO) -> BinaryIO:
     if codec == "gz":
         return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
-    import zstandard
-
+    try:
+        import zstandard
+    except ImportError as exc:
+        raise UserError(
+            f"{getattr(raw, 'name', 'input')}: .zst inputs need the zstandard package; pip install zstandard"
+        ) from exc
     return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)  # type: ignore[return-value]
 
 
@@ -246,6 +250,10 @@ class _HashingReader:
 
     def readable(self) -> bool:
         return True
+
+    @property
+    def name(self) -> str:
+        return str(getattr(self.raw, "name", "input"))
 
 
 def hash_file(path: str, stop: threading.Event | None = None) -> tuple[str, int]:

@@ -119,7 +119,7 @@ def _absolute_media(row: dict, key: str, base: str, index: int) -> bool:
     if type(value) is not list or not all(type(p) is str for p in value):
         got = _kind(value) if type(value) is not list else "a list holding a non-string"
         raise LineProblem(
-            index, f"media key {key!r} must be a list of strings or null, got {got}; write it as [\"path\", ...]"
+            index, f'media key {key!r} must be a list of strings or null, got {got}; write it as ["path", ...]'
         )
     fixed = [p if is_absolute(p) else os.path.join(base, p) for p in value]
     if fixed == value:
@@ -148,11 +148,18 @@ def diagnose(line: bytes) -> str | None:
     except ValueError as exc:
         return f"not valid JSON ({exc}); each line must be one complete JSON object (truncated or split row?)"
     if type(row) is not dict:
-        return f"holds {_kind(row)}, not a JSON object; each line must be one object such as {{\"text\": \"...\"}}"
+        return f'holds {_kind(row)}, not a JSON object; each line must be one object such as {{"text": "..."}}'
     return None
 
 
 def _kind(value: object) -> str:
-    names = {list: "a JSON array", str: "a JSON string", int: "a JSON number", float: "a JSON number",
-             bool: "a JSON boolean", dict: "a JSON object", type(None): "null"}
+    names = {
+        list: "a JSON array",
+        str: "a JSON string",
+        int: "a JSON number",
+        float: "a JSON number",
+        bool: "a JSON boolean",
+        dict: "a JSON object",
+        type(None): "null",
+    }
     return names.get(type(value), type(value).__name__)

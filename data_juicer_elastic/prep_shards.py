@@ -152,7 +152,9 @@ def count_rows(path: str, start: int, end: int) -> int:
         while pos < end:
             block = os.pread(fd, min(BLOCK, end - pos), pos)
             if not block:
-                raise UserError(f"{path}: got shorter while prepare read it; wait until nothing writes it, then prepare again")
+                raise UserError(
+                    f"{path}: got shorter while prepare read it; wait until nothing writes it, then prepare again"
+                )
             rows += block.count(b"\n")
             pos += len(block)
             last = block[-1:]

@@ -126,4 +126,3 @@ def _interior_line_start(stream: Stream, a: int, b: int) -> int | None:
         if a < cut < b:
             return cut
     return None
-

@@ -115,7 +115,9 @@ def _check_request(req: PrepareRequest) -> str:
     except yaml.YAMLError as exc:
         raise UserError(f"recipe is not valid YAML ({exc}); fix the recipe file") from exc
     if not isinstance(recipe, dict):
-        raise UserError(f"recipe must be a YAML mapping (key: value lines), got {type(recipe).__name__}; fix the recipe file")
+        raise UserError(
+            f"recipe must be a YAML mapping (key: value lines), got {type(recipe).__name__}; fix the recipe file"
+        )
     return hashlib.sha256(req.recipe_text).hexdigest()
 
 
@@ -128,8 +130,7 @@ def _refuse_occupied(root: Path) -> None:
     if entries:
         shown = ", ".join(entries[:5]) + (" ..." if len(entries) > 5 else "")
         raise UserError(
-            f"{root}: exists, is not empty ({shown}) and holds no manifest.json; "
-            "choose a new or empty job dir"
+            f"{root}: exists, is not empty ({shown}) and holds no manifest.json; " "choose a new or empty job dir"
         )
 
 
@@ -146,7 +147,9 @@ def _confirm_existing(
             f"{job.root} was prepared from a different request:\n  - {listing}\n"
             "use a new job dir for the new request (or remove this one to start over)"
         )
-    log(f"{job.root}: already prepared from this request ({m.total_rows:,} rows, {len(m.shards)} shards); nothing to do")
+    log(
+        f"{job.root}: already prepared from this request ({m.total_rows:,} rows, {len(m.shards)} shards); nothing to do"
+    )
     return PrepareResult(m, False, m.total_rows, m.total_bytes, time.monotonic() - started)
 
 
@@ -197,7 +200,9 @@ class _Staging:
             os.mkdir(self.path)
         except OSError as exc:
             self._remove_parents()
-            raise UserError(f"{self.path}: cannot create the staging folder ({exc.strerror}); check permissions on {self.target.parent}") from exc
+            raise UserError(
+                f"{self.path}: cannot create the staging folder ({exc.strerror}); check permissions on {self.target.parent}"
+            ) from exc
         return self
 
     def publish(self) -> bool:
@@ -207,7 +212,9 @@ class _Staging:
         except OSError as exc:
             if os.path.isdir(self.target) and os.listdir(self.target):
                 return False
-            raise UserError(f"{self.target}: cannot create the job dir ({exc.strerror}); check the path and permissions") from exc
+            raise UserError(
+                f"{self.target}: cannot create the job dir ({exc.strerror}); check the path and permissions"
+            ) from exc
         self._published = True
         fsync_dir(self.target.parent)
         return True
@@ -260,7 +267,13 @@ class _Build:
     """One prepare into a staging folder: materialise, plan, write shards, hash, record."""
 
     def __init__(
-        self, req: PrepareRequest, dataset: Dataset, staging: Path, recipe_sha: str, progress: bool | None, jobs: int | None
+        self,
+        req: PrepareRequest,
+        dataset: Dataset,
+        staging: Path,
+        recipe_sha: str,
+        progress: bool | None,
+        jobs: int | None,
     ) -> None:
         self.req, self.dataset, self.staging, self.recipe_sha = req, dataset, staging, recipe_sha
         self.progress, self.jobs = progress, jobs
@@ -333,7 +346,9 @@ class _Build:
             row += sum(f.result() for f in shard_counts)
         return firsts
 
-    def _raise_bad_line(self, outcomes: list[ShardOutcome | None], tasks: list[ShardTask], mats: list[Materialised]) -> None:
+    def _raise_bad_line(
+        self, outcomes: list[ShardOutcome | None], tasks: list[ShardTask], mats: list[Materialised]
+    ) -> None:
         """Report the first bad line in input order as file:line, with what to do."""
         for outcome, task in zip(outcomes, tasks):
             if outcome is None or outcome.bad is None:
@@ -368,7 +383,9 @@ class _Build:
                 sources.append(ShardSource(self.inputs[p.file].rel, p.start, p.end, file_rows[p.file] + 1))
                 file_rows[p.file] += rows
             sid = shard_id(i, n)
-            shards.append(ShardSpec(sid, f"shards/{sid}.jsonl", outcome.rows, outcome.bytes, outcome.sha256, row, tuple(sources)))
+            shards.append(
+                ShardSpec(sid, f"shards/{sid}.jsonl", outcome.rows, outcome.bytes, outcome.sha256, row, tuple(sources))
+            )
             row += outcome.rows
         files = tuple(
             InputFile(s.rel, s.seen.size, s.seen.mtime_ns, rows, sha)

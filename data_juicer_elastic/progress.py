@@ -49,7 +49,9 @@ class ProgressBar:
         filled = int(frac * self.WIDTH)
         rate = done / max(now - self.start, 1e-9) / 1e6
         bar = "#" * filled + "-" * (self.WIDTH - filled)
-        self.stream.write(f"\r{self.label} [{bar}] {frac:6.1%} {done / 1e6:,.0f}/{self.total / 1e6:,.0f} MB {rate:,.0f} MB/s")
+        self.stream.write(
+            f"\r{self.label} [{bar}] {frac:6.1%} {done / 1e6:,.0f}/{self.total / 1e6:,.0f} MB {rate:,.0f} MB/s"
+        )
         self.stream.flush()
         self._drawn = True
 

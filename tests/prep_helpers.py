@@ -55,10 +55,16 @@ def fake_done(job: JobDir, sid: str, *, attempt: int = 1, host: str = "node-a", 
     data = job.shard_file(sid).read_bytes() if content is None else content
     out.write_bytes(data)
     record = {
-        "shard": sid, "attempt": attempt, "host": host, "pid": 1,
-        "rows": data.count(b"\n"), "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+        "shard": sid,
+        "attempt": attempt,
+        "host": host,
+        "pid": 1,
+        "rows": data.count(b"\n"),
+        "bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
         "output": f"attempts/{sid}/{attempt:04d}/processed.jsonl",
-        "started_at": time.time(), "finished_at": time.time(),
+        "started_at": time.time(),
+        "finished_at": time.time(),
     }
     assert publish_once(job.done_path(sid), dumps_json(record))
     return out

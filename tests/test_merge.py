@@ -73,7 +73,11 @@ def test_merge_uses_the_recorded_attempt(tmp_path: Path, job: JobDir) -> None:
     assert out.read_bytes() == parts[0] + parts[1] + filtered + parts[3] + parts[4]
     assert result.rows == sum(p.count(b"\n") for p in parts) - parts[2].count(b"\n") + 1
     assert read_json(job.merge_record_path)["shards"][2] == {
-        "shard": sid, "attempt": 3, "host": "node-c", "rows": 1, "bytes": len(filtered),
+        "shard": sid,
+        "attempt": 3,
+        "host": "node-c",
+        "rows": 1,
+        "bytes": len(filtered),
         "sha256": hashlib.sha256(filtered).hexdigest(),
     }
 

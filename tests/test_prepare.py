@@ -10,7 +10,6 @@ from pathlib import Path
 
 import orjson
 import pytest
-import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -56,10 +55,12 @@ def test_layout_and_manifest(tmp_path: Path, data: Path) -> None:
         assert spec.sha256 == hashlib.sha256(data_bytes).hexdigest() and spec.bytes == len(data_bytes)
         assert spec.rows == data_bytes.count(b"\n") and spec.first_row == first
         [src] = spec.sources
-        assert src.file == "data.jsonl" and raw[src.start:src.end] == data_bytes
+        assert src.file == "data.jsonl" and raw[src.start : src.end] == data_bytes
         assert src.first_line == first + 1
         first += spec.rows
-    assert (job_dir / "manifest.json").read_bytes() == __import__("data_juicer_elastic.storage", fromlist=["x"]).dumps_json(m.to_dict())
+    assert (job_dir / "manifest.json").read_bytes() == __import__(
+        "data_juicer_elastic.storage", fromlist=["x"]
+    ).dumps_json(m.to_dict())
     [summary] = logs
     assert "200 rows" in summary and "MB" in summary and "MB/s" in summary and " s " in summary
 
@@ -83,7 +84,7 @@ def test_directory_input_order_and_sources(tmp_path: Path) -> None:
     for spec in m.shards:
         for src in spec.sources:
             assert src.first_line == seen.get(src.file, 0) + 1
-            seen[src.file] = seen.get(src.file, 0) + (root / src.file).read_bytes()[src.start:src.end].count(b"\n")
+            seen[src.file] = seen.get(src.file, 0) + (root / src.file).read_bytes()[src.start : src.end].count(b"\n")
 
 
 # determinism and idempotence -------------------------------------------------
@@ -328,7 +329,10 @@ def test_media_paths_file_input(tmp_path: Path) -> None:
     rows = [
         {"text": "rel", "images": ["a.png", "sub/b.png"], "audios": ["x.wav"]},
         {"text": "abs", "images": ["/abs/c.png"]},
-        {"text": "urls", "images": ["http://h/a.png", "https://h/b.png", "s3://b/c.png", "gs://b/d.png", "hdfs://n/e.png"]},
+        {
+            "text": "urls",
+            "images": ["http://h/a.png", "https://h/b.png", "s3://b/c.png", "gs://b/d.png", "hdfs://n/e.png"],
+        },
         {"text": "null", "images": None, "videos": None},
         {"text": "empty", "images": []},
         {"text": "none"},
@@ -379,6 +383,7 @@ def test_index_keys_are_filled_with_the_global_row(tmp_path: Path, jobs: int) ->
 
 # compressed inputs ----------------------------------------------------------------
 def test_compressed_inputs_match_plain(tmp_path: Path) -> None:
+    zstandard = pytest.importorskip("zstandard")
     plain = tmp_path / "plain"
     write_rows(plain / "a.jsonl", text_rows(40))
     write_rows(plain / "b.jsonl", text_rows(40, 40) + [{"images": ["p.png"]}], newline_at_end=False)
@@ -393,8 +398,10 @@ def test_compressed_inputs_match_plain(tmp_path: Path) -> None:
     a1, a2 = shard_bytes(tmp_path / "j1"), shard_bytes(tmp_path / "j2")
     # byte ranges refer to the decompressed stream, so the split is the same; only the media base differs
     assert [s.sources for s in r1.manifest.shards] == [
-        tuple(src.__class__(src.file.replace(".gz", "").replace(".zst", ""), src.start, src.end, src.first_line)
-              for src in s.sources)
+        tuple(
+            src.__class__(src.file.replace(".gz", "").replace(".zst", ""), src.start, src.end, src.first_line)
+            for src in s.sources
+        )
         for s in r2.manifest.shards
     ]
     assert [x.replace(str(plain).encode(), b"@") for x in a1] == [x.replace(str(packed).encode(), b"@") for x in a2]
@@ -476,7 +483,7 @@ def test_bulk_writer_bytes_match(tmp_path: Path, where: str, direct: bool) -> No
         try:
             with BulkWriter(path, direct=direct) as w:
                 for i in range(0, size, 777_777):  # uneven pieces
-                    w.write(memoryview(data)[i:i + 777_777])
+                    w.write(memoryview(data)[i : i + 777_777])
             assert path.read_bytes() == data and w.size == size
             with pytest.raises(FileExistsError):
                 BulkWriter(path)
@@ -553,7 +560,9 @@ def test_child_pool_reports_errors_and_dead_workers() -> None:
             dead.result(timeout=60)
 
 
-def test_pool_falls_back_to_inline_without_a_python(tmp_path: Path, data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pool_falls_back_to_inline_without_a_python(
+    tmp_path: Path, data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from data_juicer_elastic.prep_pool import Counter, InlinePool, make_pool
 
     monkeypatch.setattr("sys.executable", str(tmp_path / "no-python-here"))
