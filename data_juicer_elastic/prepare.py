@@ -357,6 +357,7 @@ class _Build:
             spec = self.inputs[rng.file]
             if outcome.bad.line_in_range < 0:
                 raise changed_error(spec)
+            check_unchanged(spec)  # a line cut by a concurrent writer is a change, not bad input
             line = newlines_before(mats[rng.file].data_path, rng.start) + outcome.bad.line_in_range + 1
             raise UserError(f"{spec.path}:{line}: {outcome.bad.message}")
 
