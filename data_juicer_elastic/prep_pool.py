@@ -65,7 +65,7 @@ class InlinePool(Executor):
         prep_shards.set_progress_hook(self.counter.add)
         try:
             fut.set_result(fn(*args, **kwargs))
-        except BaseException as exc:  # noqa: BLE001 - delivered through the future, as a pool would
+        except Exception as exc:  # noqa: BLE001 - delivered through the future, as a pool would
             fut.set_exception(exc)
         finally:
             prep_shards.set_progress_hook(None)

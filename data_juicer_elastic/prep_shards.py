@@ -83,8 +83,10 @@ def write_shard(task: ShardTask) -> ShardOutcome:
     out = BulkWriter(task.out_path)
     try:
         range_rows, bad = _write_ranges(task, out, digest)
-    finally:
-        out.close(fsync=task.fsync)
+    except BaseException:
+        out.close(fsync=False)
+        raise
+    out.close(fsync=task.fsync and bad is None)  # a bad shard is thrown away with the staging folder
     return ShardOutcome(task.index, sum(range_rows), out.size, digest.hexdigest(), tuple(range_rows), bad)
 
 
