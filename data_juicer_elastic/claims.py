@@ -6,7 +6,9 @@ with O_CREAT|O_EXCL: attempt numbers are the fencing tokens. Whoever creates
 the same stale lease at once, exactly one wins the next number. A lease lives
 while its owner renews the file's mtime; it is stale once the shared
 filesystem's clock (never the local one) is ``lock_timeout`` past that mtime.
-Releasing a lease sets its mtime to 0, which makes it claimable at once.
+Heartbeats rewrite a byte of the lease (``storage.touch``), so the file
+server stamps them. Releasing a lease sets its mtime to 1 (the epoch's first
+second: sshfs turns an mtime of 0 into "now"), which makes it claimable at once.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .jobdir import JobDir
-from .storage import create_exclusive, dumps_json, read_json, server_now
+from .storage import create_exclusive, dumps_json, read_json, server_now, touch
 
 SEP = "@"
+RELEASED_MTIME = 1  # a released lease's mtime; anything at or below it reads as released
 
 
 @dataclass(frozen=True)
@@ -78,7 +81,7 @@ class ClaimStore:
             mtime = os.stat(self.lease_path(shard, attempt)).st_mtime
         except FileNotFoundError:
             return None
-        return float("inf") if mtime == 0 else now - mtime
+        return float("inf") if mtime <= RELEASED_MTIME else now - mtime
 
     def is_live(self, shard: str, attempt: int, now: float) -> bool:
         age = self.heartbeat_age(shard, attempt, now)
@@ -109,12 +112,12 @@ class ClaimStore:
         return not self.lease_path(lease.shard, lease.attempt + 1).exists()
 
     def renew(self, lease: Lease) -> None:
-        os.utime(lease.path, None)
+        touch(lease.path)
 
     def release(self, lease: Lease) -> None:
-        """Make the shard claimable at once (mtime 0 reads as infinitely stale)."""
+        """Make the shard claimable at once (a released mtime reads as infinitely stale)."""
         try:
-            os.utime(lease.path, (0, 0))
+            os.utime(lease.path, (RELEASED_MTIME, RELEASED_MTIME))
         except FileNotFoundError:
             pass
 

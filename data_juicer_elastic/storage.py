@@ -122,8 +122,27 @@ def create_exclusive(path: str | os.PathLike, data: bytes) -> bool:
 
 
 def touch(path: str | os.PathLike) -> None:
-    """Set mtime to *now on the file server*: utime with no times lets the server stamp it."""
-    os.utime(path, None)
+    """Set mtime to *now on the file server* by rewriting the file's first byte in place.
+
+    A write is stamped by whoever stores the file: the NFS, SFTP or SMB
+    server, or the local kernel. ``utime(path, NULL)`` is not: sshfs, SMB and
+    other FUSE or gateway clients turn "now" into an explicit timestamp from
+    the client's own clock, so a node whose clock is off would stamp its
+    error into every heartbeat. The bytes stay the same (an empty file gets
+    one newline). Only when the disk is full and even that fails does this
+    fall back to utime.
+    """
+    fd = os.open(path, os.O_RDWR)
+    try:
+        first = os.pread(fd, 1, 0) or b"\n"
+        try:
+            os.pwrite(fd, first, 0)
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            os.utime(fd, None)
+    finally:
+        os.close(fd)
 
 
 def server_now(probe: str | os.PathLike) -> float:

@@ -82,3 +82,50 @@ def attempt_outcomes(job: JobDir) -> dict[str, list[str]]:
 
 def concatenated_shards(job: JobDir) -> bytes:
     return b"".join((job.root / s.path).read_bytes() for s in job.manifest().shards)
+
+
+def spawn(cmd: list[str], *, log: Path | None = None, **env: str) -> subprocess.Popen:
+    """Any command from the repo root, in its own session (so a test can signal it alone)."""
+    out = open(log, "ab") if log else subprocess.DEVNULL
+    return subprocess.Popen(cmd, cwd=REPO, env=env_with(**env), stdout=out, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def done_attempts(job: JobDir) -> dict[str, int]:
+    """shard -> the attempt its done record names."""
+    return {name[:-5]: orjson.loads((job.done_dir / name).read_bytes())["attempt"]
+            for name in os.listdir(job.done_dir) if name.endswith(".json") and not name.startswith(".")}
+
+
+def check_done_exactly_once(job: JobDir) -> dict[str, int]:
+    """Every shard has one done record and no other attempt of it claims to be done; returns done_attempts."""
+    shards = [s.id for s in job.manifest().shards]
+    done = done_attempts(job)
+    assert sorted(done) == shards, f"missing done records: {sorted(set(shards) - set(done))}"
+    assert not os.listdir(job.failed_dir), os.listdir(job.failed_dir)
+    for sid, outcomes in attempt_outcomes(job).items():
+        winner = done[sid]
+        others = [i + 1 for i, o in enumerate(outcomes) if o == "done" and i + 1 != winner]
+        assert not others, f"{sid}: attempts {others} also say done, but attempt {winner} is the done record"
+    return done
+
+
+def merge_and_check(job: JobDir, out: Path, expected: bytes | None = None) -> bytes:
+    """Merge; the output must equal ``expected`` (default: a fault-free identity run) and use the done attempts."""
+    from data_juicer_elastic.merge import merge
+
+    merge(job, str(out), log=lambda *_: None)
+    merged = out.read_bytes()
+    assert merged == (concatenated_shards(job) if expected is None else expected)
+    record = orjson.loads(job.merge_record_path.read_bytes())
+    assert {s["shard"]: s["attempt"] for s in record["shards"]} == done_attempts(job)
+    return merged
+
+
+def kill_group(proc: subprocess.Popen, sig: int = 9) -> None:
+    """Signal a process started by ``spawn``/``spawn_worker`` (its own session) if it still runs."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass

@@ -42,3 +42,41 @@ def weighted(shard_path: str, output_path: str, job_dir: str) -> None:
     """Sleeps DJE_TEST_UNIT seconds times this worker's DJE_TEST_WEIGHT (a slow or fast node)."""
     time.sleep(float(os.environ.get("DJE_TEST_UNIT", "0.05")) * float(os.environ.get("DJE_TEST_WEIGHT", "1")))
     copy(shard_path, output_path, job_dir)
+
+
+def _attempt_of(output_path: str) -> str:
+    return Path(output_path).parent.name
+
+
+def tag(shard_path: str, output_path: str, job_dir: str) -> None:
+    """Like slow_copy, but every output row records the attempt that wrote it (``_attempt``)."""
+    import orjson
+
+    slow = os.environ.get("DJE_TEST_SLOW_SHARDS")
+    if not slow or _shard_name(shard_path) in slow.split(","):
+        Path(output_path).parent.joinpath("started").touch()
+        time.sleep(float(os.environ.get("DJE_TEST_SLEEP", "0")))
+    attempt = _attempt_of(output_path)
+    with open(shard_path, "rb") as src, open(output_path, "wb") as out:
+        for line in src:
+            out.write(orjson.dumps({**orjson.loads(line), "_attempt": attempt}) + b"\n")
+
+
+def die_after_output(shard_path: str, output_path: str, job_dir: str) -> None:
+    """Writes the whole output, then SIGKILLs its own process (first attempt of DJE_TEST_DIE_SHARDS only).
+
+    DJE_TEST_DIE_HALF=1 dies half way through writing instead.
+    """
+    import signal
+
+    dying = _shard_name(shard_path) in os.environ.get("DJE_TEST_DIE_SHARDS", "").split(",")
+    if not dying or _attempt_of(output_path) != "0001":
+        return copy(shard_path, output_path, job_dir)
+    data = Path(shard_path).read_bytes()
+    if os.environ.get("DJE_TEST_DIE_HALF"):
+        data = data[: len(data) // 2]
+    with open(output_path, "wb") as out:
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
+    os.kill(os.getpid(), signal.SIGKILL)

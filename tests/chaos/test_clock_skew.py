@@ -1,0 +1,81 @@
+"""Clock skew: a worker whose clock runs an hour fast or slow, under libfaketime, on real processes.
+
+What libfaketime 0.9.10 does (checked by the first test): the wall clock is
+shifted, stat() is not (it reports the file system's timestamps), and
+utime(path, NULL) stamps the *faked* time instead of letting the file system
+stamp its own. That is what a node with a wrong clock does on file systems
+whose clients implement "set mtime to now" themselves (sshfs, SMB and other
+FUSE/gateway mounts), so leases must be renewed and the server clock probed
+by writing, never by utime(NULL).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ..jobs import REPO, env_with, kill_group, make_job, merge_and_check, check_done_exactly_once, spawn, wait_for, \
+    worker_cmd, attempt_outcomes
+
+pytestmark = pytest.mark.skipif(shutil.which("faketime") is None,
+                                reason="libfaketime is not installed (apt-get install faketime); .ci/run installs it")
+
+FAKE_ENV = {"FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+
+
+def _skewed(offset: str, argv: list[str]) -> list[str]:
+    return ["faketime", "-f", offset, sys.executable, "-m", "tests.chaos.skewed", *argv]
+
+
+def test_what_libfaketime_fakes(tmp_path):
+    probe = tmp_path / "probe"
+    probe.write_bytes(b"x")
+    code = ("import os, time, sys; p = sys.argv[1]; before = os.stat(p).st_mtime; os.utime(p, None); "
+            "print(round(time.time() - before), round(os.stat(p).st_mtime - before))")
+    out = subprocess.run(["faketime", "-f", "+1h", sys.executable, "-c", code, str(probe)], env=env_with(**FAKE_ENV),
+                         capture_output=True, text=True, timeout=60, check=True).stdout.split()
+    assert [int(x) for x in out] == [3600, 3600]  # wall clock +1h; utime(NULL) stamps +1h; stat is real
+    assert abs(os.stat(probe).st_mtime - time.time() - 3600) < 60
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("skewed", ["owner", "others"])
+@pytest.mark.parametrize("offset", ["+1h", "-1h"])
+def test_skewed_clock_neither_steals_live_leases_nor_keeps_dead_ones(tmp_path, offset, skewed):
+    job = make_job(tmp_path, rows=10, shards=1, lock_timeout_secs=2.0, heartbeat_secs=0.2)
+    sid = "part-00000-of-00001"
+    logs = tmp_path / "logs"
+    logs.mkdir()
+
+    def worker(skew: bool, name: str, *extra: str, **env: str):
+        cmd = worker_cmd(job, "slow_copy", *extra)
+        if skew:
+            cmd = _skewed(offset, cmd[3:])  # drop "python -m data_juicer_elastic.cli"
+        return spawn(cmd, log=logs / f"{name}.log", **FAKE_ENV, **env)
+
+    owner = worker(skewed == "owner", "owner", DJE_TEST_SLEEP="60")
+    try:
+        wait_for((job.attempts_dir / sid / "0001" / "started").exists, timeout=60)
+        time.sleep(1.0)  # a few heartbeats, stamped by whatever clock renews them
+        # a worker on the other clock finds the lease live and leaves it alone
+        observer = worker(skewed == "others", "observer", "--stop-when-idle")
+        assert observer.wait(timeout=60) == 1, (logs / "observer.log").read_text()
+        assert os.listdir(job.claims_dir) == [f"{sid}@0001"], "a live lease was stolen"
+        # the owner dies: its lease goes stale after lock_timeout, not an hour later, whoever judges it
+        kill_group(owner, signal.SIGKILL)
+        owner.wait(timeout=30)
+        killed_at = time.monotonic()
+        rescuer = worker(skewed == "others", "rescuer", DJE_TEST_SLEEP="0")
+        assert rescuer.wait(timeout=60) == 0, (logs / "rescuer.log").read_text()
+        assert time.monotonic() - killed_at >= 1.0, "the dead lease was taken before it aged out"
+    finally:
+        kill_group(owner)
+    assert attempt_outcomes(job)[sid] == ["running", "done"]
+    check_done_exactly_once(job)
+    merge_and_check(job, tmp_path / "merged.jsonl")
