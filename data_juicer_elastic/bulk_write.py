@@ -92,7 +92,10 @@ class BulkWriter:
             os.close(self.fd)
             if self._view is not None:
                 self._view.release()
-                self._buf.close()  # type: ignore[union-attr]
+                try:
+                    self._buf.close()  # type: ignore[union-attr]
+                except BufferError:
+                    pass  # a failed write's traceback still holds a slice; the mmap goes when it does
 
     def __enter__(self) -> BulkWriter:
         return self
@@ -101,6 +104,7 @@ class BulkWriter:
         if exc_type is None:
             self.close()
         else:
+            self._fill = 0  # the file is being abandoned: flushing could only raise over the real error
             self.close(fsync=False)
 
 
