@@ -24,7 +24,16 @@ from .bulk_write import BulkWriter
 from .errors import IntegrityError, UserError
 from .jobdir import JobDir, ShardSpec, attempt_name
 from .progress import ProgressBar
-from .storage import atomic_write, dumps_json, fsync_dir, read_json, temp_name
+from .storage import (
+    atomic_write,
+    disk_full_in,
+    dumps_json,
+    fsync_dir,
+    no_space_error,
+    read_json,
+    remove_dead_temps,
+    temp_name,
+)
 
 BLOCK = 16 << 20
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -207,12 +216,22 @@ def merge(
     out.parent.mkdir(parents=True, exist_ok=True)
     total = sum(r.bytes for r in records)
     bar = ProgressBar(total, "merge", progress)
+    remove_dead_temps(out)  # what merges killed on this host left behind
     try:
         rows, size, sha = _write_merged(records, out, overwrite, bar)
+    except OSError as exc:
+        if full := disk_full_in(exc):
+            raise no_space_error(out, full, "writing the merged output (nothing was put in place)") from exc
+        raise
     finally:
         bar.close()
     seconds = time.monotonic() - started
-    _record(job, out, records, rows, size, sha, started_at, seconds)
+    try:
+        _record(job, out, records, rows, size, sha, started_at, seconds)
+    except OSError as exc:
+        if full := disk_full_in(exc):
+            raise no_space_error(job.merge_record_path, full, f"recording the merge (the output {out} is complete)") from exc
+        raise
     mb = size / 1e6
     log(
         f"merged {len(records)} shards, {rows:,} rows, {mb:,.1f} MB in {seconds:.2f} s ({mb / max(seconds, 1e-9):,.1f} MB/s) into {out}"

@@ -45,7 +45,7 @@ from .prep_pool import Counter, make_pool
 from .prep_shards import ShardOutcome, ShardTask, SourceRange, count_rows, newlines_before, write_shard
 from .prep_split import Piece, Stream, TooFewRows, plan
 from .progress import ProgressBar
-from .storage import atomic_write, dumps_json, fsync_dir
+from .storage import atomic_write, disk_full_in, dumps_json, fsync_dir, no_space_error
 
 INLINE_BELOW = 32 << 20  # smaller inputs are not worth starting worker processes for
 MAX_JOBS = 8
@@ -86,11 +86,16 @@ def prepare(
         return _confirm_existing(job, req, recipe_sha, started, log)
     _refuse_occupied(job.root)
     dataset = discover(req.dataset_path, exclude=(str(job.root),))
-    with _Staging(job.root) as staging:
-        built = _Build(req, dataset, staging.path, recipe_sha, progress, jobs).run()
-        if not staging.publish():
-            staging.discard()
-            return _confirm_existing(JobDir(req.job_dir), req, recipe_sha, started, log)
+    try:
+        with _Staging(job.root) as staging:
+            built = _Build(req, dataset, staging.path, recipe_sha, progress, jobs).run()
+            if not staging.publish():
+                staging.discard()
+                return _confirm_existing(JobDir(req.job_dir), req, recipe_sha, started, log)
+    except Exception as exc:
+        if full := disk_full_in(exc):  # the staging folder is gone: nothing was published
+            raise no_space_error(job.root, full, "preparing the job dir (nothing was published)") from exc
+        raise
     seconds = time.monotonic() - started
     mb = built.data_bytes / 1e6
     log(

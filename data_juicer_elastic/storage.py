@@ -18,6 +18,8 @@ from typing import Any
 
 import orjson
 
+from .errors import UserError
+
 _JSON_OPTS = orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE
 
 
@@ -163,3 +165,61 @@ def server_now(probe: str | os.PathLike) -> float:
 
 def is_disk_full(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+_NO_SPACE_TEXT = os.strerror(errno.ENOSPC)
+
+
+def disk_full_in(exc: BaseException) -> OSError | None:
+    """The ENOSPC/EDQUOT error behind ``exc`` (itself, or what it was raised from), if any."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        if is_disk_full(cur):
+            return cur  # type: ignore[return-value]
+        if _NO_SPACE_TEXT in str(cur):  # re-raised as text elsewhere (a worker process, a Ray task)
+            return OSError(errno.ENOSPC, _NO_SPACE_TEXT)
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
+def no_space_error(path: str | os.PathLike, exc: OSError, doing: str) -> UserError:
+    """The error a full disk (or quota) is reported with: the path, what was being done, the fix."""
+    return UserError(
+        f"{path}: no space left on device while {doing} ({exc.strerror or exc}); "
+        "free space (or raise the quota) on that file system and run again"
+    )
+
+
+def remove_dead_temps(path: str | os.PathLike) -> int:
+    """Remove ``temp_name(path)`` files beside ``path`` left by dead processes of this host.
+
+    A process killed while it staged a large file (a merge) leaves its temp
+    file behind; only one named with this host's name and the pid of a
+    process that no longer exists is removed. Returns how many were removed.
+    """
+    p = Path(path)
+    prefix = f".{p.name}.tmp-{socket.gethostname()}-"
+    try:
+        names = os.listdir(p.parent)
+    except FileNotFoundError:
+        return 0
+    removed = 0
+    for name in names:
+        pid, _, tag = name[len(prefix):].partition("-")
+        if not name.startswith(prefix) or not pid.isdigit() or len(tag) != 8 or _alive(int(pid)):
+            continue
+        _unlink_quietly(p.parent / name)
+        removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -5,6 +5,12 @@ only guarantees the protocol: one live lease per shard, output written inside
 the attempt's own directory, a done record published only after the output
 was re-read, a superseded attempt never publishing, and a per-shard retry
 budget after which the shard fails terminally and the job stops.
+
+Before a shard runs, its file is checked against the manifest (bytes and
+sha256): an edited shard is refused and fails terminally, since retrying
+cannot heal it. A full disk stops the worker with exit 2 and is not counted
+against the shard: its unpublished output is removed, its lease released, and
+the job goes on once space is freed.
 """
 
 from __future__ import annotations
@@ -21,20 +27,33 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from .claims import ClaimStore, Heartbeat, Lease
-from .errors import IntegrityError, UserError
+from .claims import RELEASED_MTIME, ClaimStore, Heartbeat, Lease
+from .errors import ElasticError, IntegrityError, UserError
 from .identity import hostname
 from .jobdir import JobDir, attempt_name
 from .outputs import inspect_output
-from .storage import atomic_write, dumps_json, publish_once, read_json
+from .prep_inputs import hash_file
+from .storage import atomic_write, disk_full_in, dumps_json, no_space_error, publish_once, read_json
 
 # Outcomes of an attempt that do not count against the retry budget: the
-# worker was told to stop, or it stalled and someone else took the shard.
-NOT_FAILURES = ("interrupted", "superseded", "done", "duplicate")
+# worker was told to stop, it stalled and someone else took the shard, or the disk was full.
+NOT_FAILURES = ("interrupted", "superseded", "done", "duplicate", "no-space")
 
 
 class Runner(Protocol):
     def __call__(self, shard_path: str, output_path: str, job_dir: str) -> None: ...
+
+
+class ShardMismatch(IntegrityError):
+    """The shard file is not what the manifest says: edited or truncated after prepare."""
+
+
+class _NoSpace(Exception):
+    """The disk filled up while an attempt wrote ``path``."""
+
+    def __init__(self, path: Path, error: OSError) -> None:
+        super().__init__(str(error))
+        self.path, self.error = path, error
 
 
 class Interrupted(BaseException):
@@ -65,7 +84,12 @@ def load_runner(spec: str) -> Runner:
 
 
 def failure_count(job: JobDir, shard: str, upto: int) -> int:
-    """Attempts 1..upto after the last retry that failed or were lost (killed, never finished)."""
+    """Attempts 1..upto after the last retry that failed or were lost (killed, never finished).
+
+    An attempt that never recorded an outcome but whose lease was released
+    was given up on purpose (the shard was done meanwhile, or the disk was
+    full): that is no failure.
+    """
     base = 0
     if job.retry_path(shard).exists():
         base = int(read_json(job.retry_path(shard)).get("after_attempt", 0))
@@ -75,9 +99,16 @@ def failure_count(job: JobDir, shard: str, upto: int) -> int:
             outcome = read_json(job.attempt_dir(shard, attempt) / "attempt.json").get("outcome")
         except (OSError, ValueError):
             outcome = None  # claimed but never started: lost
-        if outcome not in NOT_FAILURES:
+        if outcome not in NOT_FAILURES and not (outcome in (None, "running") and _released(job, shard, attempt)):
             count += 1
     return count
+
+
+def _released(job: JobDir, shard: str, attempt: int) -> bool:
+    try:
+        return os.stat(job.claims_dir / f"{shard}@{attempt:04d}").st_mtime <= RELEASED_MTIME
+    except OSError:
+        return False
 
 
 class Worker:
@@ -187,28 +218,47 @@ class Worker:
             except Interrupted as exc:
                 result.exit_code, result.message = 128 + exc.signum, f"interrupted by {exc}"
                 return result
+            except OSError as exc:  # a full disk while claiming: the lease was released
+                if not (full := disk_full_in(exc)):
+                    raise
+                error = no_space_error(exc.filename or self.job.claims_dir, full, "claiming a shard")
+                result.exit_code, result.message = error.exit_code, str(error)
+                return result
+            except ElasticError as exc:  # a full disk during an attempt, a tampered job dir
+                result.exit_code, result.message = exc.exit_code, str(exc)
+                return result
 
     def _run_attempt(self, lease: Lease) -> str:
-        sid, attempt = lease.shard, lease.attempt
-        adir = self.job.attempt_dir(sid, attempt)
-        adir.mkdir(parents=True, exist_ok=True)
-        output = adir / "processed.jsonl"
         info = {
-            "shard": sid, "attempt": attempt, "host": self.host, "pid": os.getpid(),
+            "shard": lease.shard, "attempt": lease.attempt, "host": self.host, "pid": os.getpid(),
             "token": lease.token, "started_at": time.time(), "outcome": "running",
         }
-        atomic_write(adir / "attempt.json", dumps_json(info))
+        try:
+            return self._attempt(lease, info)
+        except _NoSpace as exc:
+            raise self._stop_on_full_disk(lease, info, exc) from exc.error
+
+    def _attempt(self, lease: Lease, info: dict) -> str:
+        sid, attempt = lease.shard, lease.attempt
+        adir = self._new_attempt_dir(sid, attempt)
+        output = adir / "processed.jsonl"
+        self._write_info(adir, info)
         self.log(f"claimed {sid} attempt {attempt_name(attempt)}")
         heartbeat = Heartbeat(self.store, lease, self.policy.heartbeat_secs)
         try:
             with heartbeat:
-                self.runner(str(self.job.shard_file(sid)), str(output), str(self.job.root))
+                shard = self._verified_shard(sid)
+                self.runner(str(shard), str(output), str(self.job.root))
                 digest = inspect_output(output)
         except Interrupted:
             self._finish(adir, info, "interrupted")
             self.store.release(lease)
             raise
+        except ShardMismatch as exc:  # retrying cannot heal an edited shard
+            return self._attempt_failed(lease, adir, info, exc, terminal=True)
         except Exception as exc:  # the runner's failure fails the attempt, not the worker
+            if full := disk_full_in(exc):
+                raise _NoSpace(output, full) from exc
             return self._attempt_failed(lease, adir, info, exc)
         if heartbeat.superseded.is_set() or not self.store.is_current(lease):
             self._finish(adir, info, "superseded", "lease taken over by a later attempt; output not published")
@@ -220,21 +270,91 @@ class Worker:
             "output": str(output.relative_to(self.job.root)),
             "started_at": info["started_at"], "finished_at": time.time(),
         }
-        if not publish_once(self.job.done_path(sid), dumps_json(record)):
-            self._finish(adir, info, "duplicate", "another attempt published done first")
+        try:
+            published = publish_once(self.job.done_path(sid), dumps_json(record))
+        except OSError as exc:
+            if full := disk_full_in(exc):
+                raise _NoSpace(self.job.done_path(sid), full) from exc
+            raise
+        if not published:
+            self._write_info(adir, info, "duplicate", "another attempt published done first")
             return "duplicate"
-        self._finish(adir, info, "done")
+        self._write_info(adir, info, "done")
         self.log(f"done {sid} rows={digest.rows} attempt {attempt_name(attempt)}")
         return "done"
 
-    def _attempt_failed(self, lease: Lease, adir: Path, info: dict, exc: Exception) -> str:
+    def _new_attempt_dir(self, sid: str, attempt: int) -> Path:
+        """The attempt's own folder, made now: one already there, or one outside the job dir, is refused."""
+        adir = self.job.attempt_dir(sid, attempt)
+        try:
+            adir.parent.mkdir(parents=True, exist_ok=True)
+            self.job.confine(str(adir.parent.relative_to(self.job.root)), "attempts folder")
+            os.mkdir(adir)
+        except FileExistsError as exc:
+            raise IntegrityError(
+                f"{adir}: already exists although attempt {attempt} of {sid} was just claimed; "
+                "something other than a worker wrote into the job dir: refusing to use it"
+            ) from exc
+        except OSError as exc:
+            if full := disk_full_in(exc):
+                raise _NoSpace(adir, full) from exc
+            raise
+        return adir
+
+    def _write_info(self, adir: Path, info: dict, outcome: str | None = None, error: str | None = None) -> None:
+        try:
+            if outcome is None:
+                atomic_write(adir / "attempt.json", dumps_json(info))
+            else:
+                self._finish(adir, info, outcome, error)
+        except OSError as exc:
+            if full := disk_full_in(exc):
+                raise _NoSpace(adir / "attempt.json", full) from exc
+            raise
+
+    def _verified_shard(self, sid: str) -> Path:
+        """The shard's file, after checking its bytes and sha256 against the manifest."""
+        spec = self.job.shard(sid)
+        path = self.job.shard_file(sid)
+        try:
+            sha, size = hash_file(str(path))
+        except OSError as exc:
+            raise ShardMismatch(f"{path}: cannot be read ({exc.strerror}); restore it from a backup "
+                                "or prepare the job again in a new job dir") from exc
+        if (size, sha) != (spec.bytes, spec.sha256):
+            raise ShardMismatch(
+                f"{path}: does not match the manifest ({size} bytes, sha256 {sha[:12]}…; the manifest says "
+                f"{spec.bytes} bytes, sha256 {spec.sha256[:12]}…): it changed after prepare, so it is not run; "
+                "restore it, or prepare the job again in a new job dir"
+            )
+        return path
+
+    def _stop_on_full_disk(self, lease: Lease, info: dict, exc: _NoSpace) -> UserError:
+        """Give the shard back uncounted: drop the unpublished output, record why, release the lease."""
+        sid, attempt = lease.shard, lease.attempt
+        adir = self.job.attempt_dir(sid, attempt)
+        published = _read_attempt(self.job, sid) == attempt
+        for step in (() if published else (
+            lambda: (adir / "processed.jsonl").unlink(missing_ok=True),  # frees the space it took
+            lambda: self._finish(adir, info, "no-space", f"no space left on device writing {exc.path}"),
+        )):
+            try:
+                step()
+            except OSError:
+                pass
+        self.store.release(lease)
+        self.log(f"{sid} attempt {attempt_name(attempt)}: no space left on device; stopping")
+        return no_space_error(exc.path, exc.error, f"running {sid} attempt {attempt_name(attempt)} "
+                              "(the shard is not counted as failed and can be claimed again)")
+
+    def _attempt_failed(self, lease: Lease, adir: Path, info: dict, exc: Exception, terminal: bool = False) -> str:
         error = f"{type(exc).__name__}: {exc}"
         with open(adir / "process.log", "a", encoding="utf-8") as f:
             f.write("\n" + "".join(traceback.format_exception(exc)))
         self._finish(adir, info, "failed", error)
         failures = failure_count(self.job, lease.shard, lease.attempt)
         self.log(f"{lease.shard} attempt {attempt_name(lease.attempt)} failed ({failures} failure(s)): {error}")
-        if failures > self.policy.max_retries:
+        if terminal or failures > self.policy.max_retries:
             self._publish_failed(lease.shard, lease.attempt, error)
         self.store.release(lease)
         return "failed"
@@ -260,6 +380,15 @@ class Worker:
                     f"see {log}; fix the cause, then `dj-elastic retry --job-dir {self.job.root} --shard-id {sid}`")
         except (OSError, ValueError, KeyError, IntegrityError):
             return f"shard {sid} failed terminally; see {self.job.failed_path(sid)}"
+
+
+def _read_attempt(job: JobDir, sid: str) -> int | None:
+    """The attempt the shard's done record names, if there is one."""
+    try:
+        attempt = read_json(job.done_path(sid)).get("attempt")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return attempt if type(attempt) is int else None
 
 
 class _signals_raise_interrupted:

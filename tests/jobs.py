@@ -25,19 +25,19 @@ def write_corpus(path: Path, rows: int, width: int = 40) -> Path:
     return path
 
 
-def make_job(tmp: Path, *, rows: int = 100, shards: int = 10, **policy) -> JobDir:
-    """A prepared job over a fresh corpus; fast leases so tests finish quickly."""
+def make_job(tmp: Path, *, rows: int = 100, shards: int = 10, job_dir: Path | None = None, **policy) -> JobDir:
+    """A prepared job over a fresh corpus (in ``tmp``); fast leases so tests finish quickly."""
     settings = {"lock_timeout_secs": 3.0, "heartbeat_secs": 0.5, "poll_interval_secs": 0.1, "max_retries": 2}
     settings.update(policy)
     corpus = write_corpus(tmp / "input" / "data.jsonl", rows)
     req = PrepareRequest(
         dataset_path=str(corpus),
-        job_dir=str(tmp / "job"),
+        job_dir=str(job_dir or tmp / "job"),
         recipe_text=RECIPE,
         policy=Policy(num_shards=shards, **settings),
     )
     prepare(req, log=lambda *_: None)
-    return JobDir(tmp / "job")
+    return JobDir(job_dir or tmp / "job")
 
 
 def worker_cmd(job: JobDir, runner: str = "copy", *extra: str) -> list[str]:

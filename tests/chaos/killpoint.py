@@ -1,0 +1,77 @@
+"""A worker or merge process that SIGKILLs itself at one precise point of the protocol.
+
+    python -m tests.chaos.killpoint POINT --job-dir DIR [--output FILE]
+
+POINT is one of
+  verified   the attempt's output was re-read and checked; the done record is not published yet
+  published  the done record is published; attempt.json still says "running"
+  merge      the merged temp file is complete and fsynced, not yet renamed into place
+
+Worker points die at the first shard named in DJE_TEST_DIE_SHARDS (any shard when unset) and
+otherwise run the real claim loop with the identity runner; the merge point runs the real merge.
+Only this harness is patched: the protocol code runs unchanged up to the kill.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from pathlib import Path
+
+from data_juicer_elastic import merge as merge_mod
+from data_juicer_elastic import worker as worker_mod
+from data_juicer_elastic.jobdir import JobDir
+
+from ..runners import copy
+
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _targeted(shard: str) -> bool:
+    names = os.environ.get("DJE_TEST_DIE_SHARDS")
+    return not names or shard in names.split(",")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("point", choices=["verified", "published", "merge"])
+    p.add_argument("--job-dir", required=True)
+    p.add_argument("--output", default=None)
+    a = p.parse_args(argv)
+
+    if a.point == "verified":
+        inspect = worker_mod.inspect_output
+
+        def inspect_then_die(path):
+            digest = inspect(path)
+            if _targeted(Path(path).parent.parent.name):
+                _die()
+            return digest
+
+        worker_mod.inspect_output = inspect_then_die
+    elif a.point == "published":
+        publish = worker_mod.publish_once
+
+        def publish_then_die(path, data):
+            won = publish(path, data)
+            if won and Path(path).parent.name == "done" and _targeted(Path(path).name[:-5]):
+                _die()
+            return won
+
+        worker_mod.publish_once = publish_then_die
+    else:
+        def die_before_rename(tmp, out, overwrite):
+            _die()
+
+        merge_mod._put_in_place = die_before_rename
+        merge_mod.merge(JobDir(a.job_dir), a.output, overwrite=True, log=lambda *_: None)
+        return 0
+    return worker_mod.run_worker(a.job_dir, copy, log=lambda *_: None).exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

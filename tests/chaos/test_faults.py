@@ -1,0 +1,239 @@
+"""Faults with real processes on a real directory: kills, stalls, races, kills at precise points.
+
+Every test ends with the same checks: each shard has exactly one done record,
+no other attempt of it says done, and the merged output equals a fault-free
+run's and was copied from the done records' attempts.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import random
+import signal
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from data_juicer_elastic.claims import ClaimStore
+from data_juicer_elastic.jobdir import JobDir
+from data_juicer_elastic.merge import merge
+from data_juicer_elastic.status import job_status
+
+from ..jobs import (
+    attempt_outcomes,
+    check_done_exactly_once,
+    concatenated_shards,
+    kill_group,
+    make_job,
+    merge_and_check,
+    spawn,
+    spawn_worker,
+    wait_for,
+)
+from ..prep_helpers import fake_done
+
+
+def _logs(tmp: Path, procs_logs: list[Path]) -> str:
+    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in procs_logs if p.exists())
+
+
+# chaos ----------------------------------------------------------------------------------------------
+@pytest.mark.timeout(240)
+def test_chaos_random_kills_and_restarts_lose_nothing(tmp_path):
+    """8 workers over 64 shards; a driver SIGKILLs or SIGTERMs random workers and starts new ones."""
+    job = make_job(tmp_path, rows=640, shards=64, lock_timeout_secs=2.0, heartbeat_secs=0.25,
+                   poll_interval_secs=0.1, max_retries=1000)
+    seed = int(os.environ.get("DJE_CHAOS_SEED", random.randrange(1 << 30)))
+    rng = random.Random(seed)
+    env = {"DJE_TEST_SLEEP": "0.3"}
+    logs: list[Path] = []
+
+    def start() -> object:
+        logs.append(tmp_path / f"worker-{len(logs)}.log")
+        return spawn_worker(job, "slow_copy", log=logs[-1], **env)
+
+    live = [start() for _ in range(8)]
+    ended: list[tuple[object, int]] = []
+    kills = {signal.SIGKILL: 0, signal.SIGTERM: 0}
+    deadline = time.monotonic() + 180
+    try:
+        while sum(kills.values()) < 24 and len(os.listdir(job.done_dir)) < 64:
+            assert time.monotonic() < deadline, f"seed {seed}: chaos phase did not end"
+            time.sleep(rng.uniform(0.15, 0.5))
+            running = [p for p in live if p.poll() is None]
+            if not running:
+                break
+            victim = rng.choice(running)
+            sig = rng.choice([signal.SIGKILL, signal.SIGTERM])
+            kill_group(victim, sig)
+            kills[sig] += 1
+            live.remove(victim)
+            ended.append((victim, sig))
+            live.append(start())
+        for p in live:
+            remaining = max(1.0, deadline - time.monotonic())
+            assert p.wait(timeout=remaining) == 0, f"seed {seed}\n" + _logs(tmp_path, logs)
+    finally:
+        for p in live:
+            kill_group(p)
+    for p, sig in ended:
+        # a SIGTERM before the handler is installed (still importing) kills the process outright
+        assert p.wait(timeout=30) in (-signal.SIGKILL, -signal.SIGTERM, 128 + signal.SIGTERM, 0), f"seed {seed}"
+    check_done_exactly_once(job)
+    merge_and_check(job, tmp_path / "merged.jsonl")
+    outcomes = attempt_outcomes(job)
+    interrupted = sum(o.count("interrupted") for o in outcomes.values())
+    lost = sum(o.count("running") + o.count("missing") for o in outcomes.values())
+    print(f"chaos seed={seed} kills={ {s.name: n for s, n in kills.items()} } "
+          f"interrupted attempts={interrupted} lost attempts={lost}")
+    assert sum(kills.values()) >= 8, "the job finished before the driver got going"
+    assert interrupted + lost >= 1, "no kill landed inside a shard"
+    assert job_status(job).complete
+
+
+# racing takeovers -------------------------------------------------------------------------------------
+def _racer(job_root: str, start, finish, results, rounds: int) -> None:
+    from data_juicer_elastic.worker import Worker
+
+    from ..runners import copy
+
+    worker = Worker(job_root, copy, host=f"racer-{os.getpid()}", log=lambda *_: None)
+    for r in range(rounds):
+        start.wait()
+        lease, _, _ = worker._claim_next()  # the real decision: listing, staleness, budget, O_EXCL claim
+        results.put((r, None if lease is None else lease.attempt))
+        finish.wait()
+
+
+def test_stale_lease_found_by_many_workers_at_once_has_one_winner_every_round(tmp_path):
+    rounds, racers = 6, 8
+    job = make_job(tmp_path, rows=5, shards=1, max_retries=100)
+    sid = "part-00000-of-00001"
+    ctx = mp.get_context("fork")
+    start, finish, results = ctx.Barrier(racers + 1), ctx.Barrier(racers + 1), ctx.Queue()
+    procs = [ctx.Process(target=_racer, args=(str(job.root), start, finish, results, rounds)) for _ in range(racers)]
+    for p in procs:
+        p.start()
+    store = ClaimStore(job, lock_timeout=3.0, host="driver")
+    try:
+        for r in range(rounds):
+            start.wait(timeout=30)
+            got = [results.get(timeout=30) for _ in range(racers)]
+            finish.wait(timeout=30)
+            winners = [attempt for rnd, attempt in got if attempt is not None]
+            assert winners == [r + 1], f"round {r}: {got}"
+            # the winner dies at once: its lease ages past the timeout before the next round
+            now = store.now()
+            os.utime(store.lease_path(sid, r + 1), (now - 60, now - 60))
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+    assert sorted(os.listdir(job.claims_dir)) == [f"{sid}@{a:04d}" for a in range(1, rounds + 1)]
+
+
+# a stalled worker --------------------------------------------------------------------------------------
+def test_stalled_worker_resumes_cannot_publish_and_merge_uses_the_winner(tmp_path):
+    job = make_job(tmp_path, rows=10, shards=1, lock_timeout_secs=1.5, heartbeat_secs=0.2)
+    sid = "part-00000-of-00001"
+    stalled = spawn_worker(job, "tag", DJE_TEST_SLEEP="2")
+    try:
+        wait_for((job.attempts_dir / sid / "0001" / "started").exists)
+        os.kill(stalled.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        rescuer = spawn_worker(job, "tag")
+        assert rescuer.wait(timeout=30) == 0
+        assert time.monotonic() - t0 >= 1.0, "a stalled lease must age out before takeover"
+        os.kill(stalled.pid, signal.SIGCONT)
+        assert stalled.wait(timeout=30) == 0  # cannot publish; sees the job done; exits cleanly
+    finally:
+        os.kill(stalled.pid, signal.SIGCONT) if stalled.poll() is None else None
+        kill_group(stalled)
+    assert attempt_outcomes(job)[sid] == ["superseded", "done"]
+    assert check_done_exactly_once(job) == {sid: 2}
+    superseded = job.attempt_output(sid, 1).read_bytes()
+    assert {orjson.loads(line)["_attempt"] for line in superseded.splitlines()} == {"0001"}
+    expected = b"".join(orjson.dumps({**orjson.loads(line), "_attempt": "0002"}) + b"\n"
+                        for line in concatenated_shards(job).splitlines())
+    merge_and_check(job, tmp_path / "merged.jsonl", expected)
+
+
+# killed at precise points --------------------------------------------------------------------------------
+TARGET = "part-00002-of-00004"
+
+
+@pytest.mark.parametrize("point", ["mid-output", "after-output", "verified", "published"])
+def test_worker_killed_between_output_and_done_record(tmp_path, point):
+    """Killed while writing its output, after writing it, after checking it, and after publishing done."""
+    job = make_job(tmp_path, rows=40, shards=4, lock_timeout_secs=2.0, heartbeat_secs=0.2, max_retries=2)
+    env = {"DJE_TEST_DIE_SHARDS": TARGET}
+    if point in ("mid-output", "after-output"):
+        victim = spawn_worker(job, "die_after_output", DJE_TEST_DIE_HALF="1" if point == "mid-output" else "", **env)
+    else:
+        victim = spawn([sys.executable, "-m", "tests.chaos.killpoint", point, "--job-dir", str(job.root)], **env)
+    assert victim.wait(timeout=60) == -signal.SIGKILL
+    killed_at = time.monotonic()
+    assert job.attempt_output(TARGET, 1).exists()
+    rescuer = spawn_worker(job, "copy")
+    assert rescuer.wait(timeout=60) == 0
+    done = check_done_exactly_once(job)
+    if point == "published":
+        # the done record made it: nobody redoes the shard, although attempt.json never said done
+        assert attempt_outcomes(job)[TARGET] == ["running"] and done[TARGET] == 1
+    else:
+        assert attempt_outcomes(job)[TARGET] == ["running", "done"] and done[TARGET] == 2
+        assert time.monotonic() - killed_at >= 1.0, "the dead lease must age out before takeover"
+    merge_and_check(job, tmp_path / "merged.jsonl")
+
+
+# a killed merge ----------------------------------------------------------------------------------------
+def _big_job(tmp_path: Path, shards: int = 8, mb_per_shard: int = 8) -> tuple[JobDir, bytes]:
+    job = make_job(tmp_path, rows=shards * 4, shards=shards)
+    parts = []
+    for i, spec in enumerate(job.manifest().shards):
+        row = orjson.dumps({"shard": i, "text": "y" * 1000}) + b"\n"
+        parts.append(row * (mb_per_shard * 1024 * 1024 // len(row)))
+        fake_done(job, spec.id, content=parts[-1])
+    return job, b"".join(parts)
+
+
+def _temps(folder: Path) -> list[str]:
+    return [n for n in os.listdir(folder) if ".tmp-" in n]
+
+
+@pytest.mark.timeout(120)
+def test_merge_killed_mid_copy_or_before_rename_never_shows_a_partial_output(tmp_path):
+    job, expected = _big_job(tmp_path)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    out = out_dir / "merged.jsonl"
+    old = b'{"old": "output"}\n'
+    cmd = [sys.executable, "-m", "data_juicer_elastic.cli", "merge", "--job-dir", str(job.root),
+           "--output", str(out), "--overwrite"]
+    for round_ in range(3):  # killed at a random moment while it copies
+        if round_ == 2:
+            out.write_bytes(old)  # an existing output survives a killed --overwrite merge whole
+        proc = spawn(cmd)
+        try:
+            wait_for(lambda: any((out_dir / n).stat().st_size > 0 for n in _temps(out_dir) if (out_dir / n).exists()),
+                     timeout=60, interval=0.005)
+            time.sleep(random.uniform(0, 0.05))
+        finally:
+            kill_group(proc)
+        proc.wait(timeout=30)
+        assert (not out.exists()) if round_ < 2 else out.read_bytes() == old
+    # killed after the temp file is complete, just before the rename
+    proc = spawn([sys.executable, "-m", "tests.chaos.killpoint", "merge", "--job-dir", str(job.root),
+                  "--output", str(out)])
+    assert proc.wait(timeout=60) == -signal.SIGKILL
+    assert out.read_bytes() == old
+    assert _temps(out_dir), "the killed merges leave their temp files behind"
+    # the next merge completes, and clears what the dead merges left on this host
+    merge(job, str(out), overwrite=True, log=lambda *_: None)
+    assert out.read_bytes() == expected
+    assert _temps(out_dir) == []
