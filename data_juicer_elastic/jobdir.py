@@ -15,12 +15,14 @@
       merge.json                    what the merge verified and wrote
 
 Every path read from a record is confined to the job directory: absolute
-paths and ``..`` are refused, never followed.
+paths and ``..`` are refused, never followed. The manifest carries a digest of
+its own content (``manifest_digest``), so an edit after prepare is refused.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import re
 from dataclasses import dataclass, field
@@ -28,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from .errors import IntegrityError, UserError
-from .storage import read_json
+from .storage import dumps_json, read_json
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the manifest carries its digest
 SHARD_ID_RE = re.compile(r"^part-(\d{5})-of-(\d{5})$")
 
 
@@ -101,9 +103,14 @@ class Manifest:
     total_bytes: int
     created_at: float = 0.0
     schema_version: int = SCHEMA_VERSION
+    digest: str = ""  # manifest_digest() of the rest, set by seal()
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def seal(self) -> Manifest:
+        """This manifest with its digest filled in (what prepare publishes)."""
+        return dataclasses.replace(self, digest=manifest_digest(self.to_dict()))
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], where: str = "manifest.json") -> Manifest:
@@ -131,11 +138,17 @@ class Manifest:
                 total_bytes=d["total_bytes"],
                 created_at=d.get("created_at", 0.0),
                 schema_version=d["schema_version"],
+                digest=d.get("digest", ""),
             )
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, IntegrityError):
                 raise
             raise IntegrityError(f"{where}: malformed manifest ({exc!r}); prepare the job again") from exc
+
+
+def manifest_digest(d: dict[str, Any]) -> str:
+    """sha256 of a manifest's canonical JSON, leaving out ``digest`` itself and the ``created_at`` timestamp."""
+    return hashlib.sha256(dumps_json({k: v for k, v in d.items() if k not in ("digest", "created_at")})).hexdigest()
 
 
 def confine(root: Path, rel: str, what: str = "path") -> Path:
@@ -252,6 +265,11 @@ class JobDir:
             if not isinstance(raw, dict):
                 raise IntegrityError(f"{self.manifest_path}: not a JSON object; prepare the job again")
             m = Manifest.from_dict(raw, str(self.manifest_path))
+            if raw.get("digest") != manifest_digest(raw):
+                raise IntegrityError(
+                    f"{self.manifest_path}: was edited after prepare (its content does not match its digest); "
+                    "restore it, or prepare the job again in a new job dir"
+                )
             self._check(m)
             self._manifest = m
         return self._manifest

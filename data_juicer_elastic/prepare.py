@@ -411,7 +411,7 @@ class _Build:
             total_rows=row,
             total_bytes=sum(s.bytes for s in shards),
             created_at=time.time(),
-        )
+        ).seal()
 
     def _write_layout(self, manifest: Manifest) -> None:
         shutil.rmtree(self.staging / ".inputs")

@@ -1,0 +1,212 @@
+"""Tampered and hostile job directories: every edit is detected and refused, no path is followed out.
+
+Edited done records and outputs at merge time are covered one by one in
+tests/test_merge.py; here the same and more are driven through real worker,
+verify and merge processes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from data_juicer_elastic.cli import main as cli_main
+from data_juicer_elastic.coordination import failure_message
+from data_juicer_elastic.errors import IntegrityError, UserError
+from data_juicer_elastic.jobdir import JobDir, Policy
+from data_juicer_elastic.merge import merge
+from data_juicer_elastic.prepare import PrepareRequest, prepare
+from data_juicer_elastic.storage import dumps_json
+from data_juicer_elastic.worker import run_worker
+
+from ..jobs import REPO, attempt_outcomes, env_with, make_job, worker_cmd, write_corpus
+from ..runners import copy
+
+PACKAGE = REPO / "data_juicer_elastic"
+
+
+def _worker(job: JobDir) -> subprocess.CompletedProcess:
+    return subprocess.run(worker_cmd(job, "copy"), cwd=REPO, env=env_with(), capture_output=True, text=True,
+                          timeout=120)
+
+
+def _flip(path: Path, offset: int = 5) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 1
+    path.write_bytes(bytes(data))
+
+
+# shards --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("edit", ["flip-a-byte", "truncate", "append-a-row", "replace-with-symlink"])
+def test_edited_shard_is_refused_not_run(tmp_path, edit):
+    job = make_job(tmp_path, rows=40, shards=4)
+    sid = "part-00001-of-00004"
+    shard = job.shard_file(sid)
+    if edit == "flip-a-byte":
+        _flip(shard)
+    elif edit == "truncate":
+        shard.write_bytes(shard.read_bytes()[:-10])
+    elif edit == "append-a-row":
+        with open(shard, "ab") as f:
+            f.write(b'{"id": -1, "text": "smuggled"}\n')
+    else:
+        outside = write_corpus(tmp_path / "outside.jsonl", 10)
+        shard.unlink()
+        shard.symlink_to(outside)
+    p = _worker(job)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert not job.done_path(sid).exists()
+    assert not job.attempt_output(sid, 1).exists(), "the runner ran on the edited shard"
+    if edit == "replace-with-symlink":  # refused when the manifest is loaded: no worker starts at all
+        assert f"shard path 'shards/{sid}.jsonl'" in p.stderr and "resolves outside the job directory" in p.stderr
+        assert not os.listdir(job.attempts_dir)
+        return
+    assert f"shard {sid} failed terminally" in p.stderr and "does not match the manifest" in p.stderr, p.stderr
+    assert str(shard) in p.stderr and "dj-elastic retry" in p.stderr
+    assert job.failed_path(sid).exists()
+    assert attempt_outcomes(job)[sid] == ["failed"]  # refused at once: a retry cannot heal it
+
+
+# outputs and done records, end to end -------------------------------------------------------------------
+def test_edited_output_and_done_record_after_the_worker_are_refused_by_verify_and_merge(tmp_path, capsys):
+    job = make_job(tmp_path, rows=40, shards=4)
+    assert run_worker(job.root, copy, log=lambda *_: None).exit_code == 0
+    out = tmp_path / "merged.jsonl"
+    sid = "part-00002-of-00004"
+    _flip(job.attempt_output(sid, 1))
+    assert cli_main(["verify", "--job-dir", str(job.root)]) == 2
+    assert cli_main(["merge", "--job-dir", str(job.root), "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"shard {sid}" in err and "sha256" in err and not out.exists()
+    _flip(job.attempt_output(sid, 1))  # restored
+    record = orjson.loads(job.done_path(sid).read_bytes())
+    for field, value in [("rows", 1), ("output", "../../../../etc/passwd"), ("output", "/etc/passwd"),
+                         ("attempt", 7), ("sha256", "0" * 64)]:
+        job.done_path(sid).write_bytes(dumps_json({**record, field: value}))
+        assert cli_main(["merge", "--job-dir", str(job.root), "--output", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert sid in err and not out.exists(), (field, err)
+        if field == "output":
+            assert "outside the job directory" in err
+    job.done_path(sid).write_bytes(dumps_json(record))
+    assert cli_main(["merge", "--job-dir", str(job.root), "--output", str(out)]) == 0
+
+
+def test_failed_record_naming_a_log_outside_is_not_followed(tmp_path):
+    job = make_job(tmp_path, rows=20, shards=2)
+    sid = "part-00000-of-00002"
+    job.failed_path(sid).write_bytes(dumps_json({"shard": sid, "attempt": 1, "host": "h", "pid": 1,
+                                                 "error": "boom", "log": "../../../etc/passwd", "failures": 3}))
+    result = run_worker(job.root, copy, log=lambda *_: None)
+    assert result.exit_code == 2 and "/etc/passwd" not in result.message and str(job.failed_path(sid)) in result.message
+    assert "etc/passwd" not in failure_message(job, sid).replace("../../../etc/passwd", "")
+
+
+def test_attempt_folder_planted_by_someone_else_is_refused(tmp_path):
+    """A symlink planted where the next attempt's folder goes would make the worker write outside."""
+    job = make_job(tmp_path, rows=10, shards=1)
+    sid = "part-00000-of-00001"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    job.attempt_dir(sid, 1).parent.mkdir(parents=True)
+    job.attempt_dir(sid, 1).symlink_to(outside)
+    result = run_worker(job.root, copy, log=lambda *_: None)
+    assert result.exit_code == 2 and "already exists" in result.message
+    assert os.listdir(outside) == [], "the worker wrote through a planted symlink"
+    # the whole attempts/<shard> folder swapped for a link out of the job dir
+    job.attempt_dir(sid, 1).unlink()
+    os.rmdir(job.attempt_dir(sid, 1).parent)
+    job.attempt_dir(sid, 1).parent.symlink_to(outside)
+    result = run_worker(job.root, copy, log=lambda *_: None)
+    assert result.exit_code == 2 and "outside the job directory" in result.message
+    assert os.listdir(outside) == []
+
+
+# the manifest ------------------------------------------------------------------------------------------
+def _edit_manifest(job: JobDir, change, *, reseal: bool = False) -> None:
+    raw = orjson.loads(job.manifest_path.read_bytes())
+    change(raw)
+    if reseal:  # a forger who recomputes the digest: the structural checks must still hold
+        from data_juicer_elastic.jobdir import manifest_digest
+
+        raw["digest"] = manifest_digest(raw)
+    job.manifest_path.write_bytes(dumps_json(raw))
+
+
+MANIFEST_EDITS = {
+    "max_retries": lambda m: m["policy"].update(max_retries=99),
+    "lock_timeout": lambda m: m["policy"].update(lock_timeout_secs=1e9),
+    "shard_sha256": lambda m: m["shards"][1].update(sha256="0" * 64),
+    "shard_rows": lambda m: m["shards"][1].update(rows=1),
+    "total_rows": lambda m: m.update(total_rows=1),
+    "dataset_path": lambda m: m.update(dataset_path="/elsewhere"),
+    "digest_removed": lambda m: m.pop("digest"),
+}
+
+
+@pytest.mark.parametrize("edit", sorted(MANIFEST_EDITS))
+def test_edited_manifest_is_refused_everywhere(tmp_path, edit, capsys):
+    job = make_job(tmp_path, rows=20, shards=2)
+    _edit_manifest(job, MANIFEST_EDITS[edit])
+    for argv in (["status"], ["verify"], ["merge", "--output", str(tmp_path / "m.jsonl")]):
+        assert cli_main([argv[0], "--job-dir", str(job.root), *argv[1:]]) == 2
+        err = capsys.readouterr().err
+        assert str(job.manifest_path) in err and "edited" in err, err
+    with pytest.raises(IntegrityError, match="edited"):
+        run_worker(job.root, copy, log=lambda *_: None)
+    assert not os.listdir(job.attempts_dir)
+
+
+@pytest.mark.parametrize("path", ["../../outside.jsonl", "/etc/passwd", "shards/../../outside.jsonl",
+                                  "shards/part-00001-of-00002.jsonl"])
+def test_manifest_shard_path_outside_or_swapped_is_refused_even_with_a_valid_digest(tmp_path, path):
+    job = make_job(tmp_path, rows=20, shards=2)
+    _edit_manifest(job, lambda m: m["shards"][0].update(path=path), reseal=True)
+    with pytest.raises(IntegrityError, match=re.escape(repr(path))):
+        JobDir(job.root).manifest()
+
+
+def test_identical_prepare_of_an_edited_manifest_is_refused_not_repaired(tmp_path):
+    job = make_job(tmp_path, rows=20, shards=2)
+    _edit_manifest(job, MANIFEST_EDITS["max_retries"])
+    m = orjson.loads(job.manifest_path.read_bytes())
+    req = PrepareRequest(dataset_path=m["dataset_path"], job_dir=str(job.root),
+                         recipe_text=job.recipe_path.read_bytes(), policy=Policy(**{**m["policy"], "max_retries": 2}))
+    with pytest.raises(IntegrityError, match="edited"):
+        prepare(req, log=lambda *_: None)
+
+
+# nothing in a job dir is executed -------------------------------------------------------------------------
+def test_recipe_with_python_tags_is_refused_and_never_executed(tmp_path):
+    marker = tmp_path / "pwned"
+    recipe = f"process: []\nx: !!python/object/apply:os.system ['touch {marker}']\n".encode()
+    corpus = write_corpus(tmp_path / "in.jsonl", 10)
+    with pytest.raises(UserError, match="recipe is not valid YAML"):
+        prepare(PrepareRequest(str(corpus), str(tmp_path / "job"), recipe, Policy(num_shards=1)), log=lambda *_: None)
+    assert not marker.exists() and not (tmp_path / "job").exists()
+
+
+UNSAFE = re.compile(r"\byaml\.(load|unsafe_load|full_load|load_all)\(|\b(pickle|marshal|dill)\.loads?\(|"
+                    r"\beval\(|\bexec\(|\bruntime_load\b|shell=True")
+
+
+# prepare's worker pool pickles tasks and results over pipes to the child processes it started itself
+ALLOWED = {("prep_pool.py", "pickle.loads")}
+
+
+def test_no_module_loads_job_dir_content_unsafely():
+    """Job dir files are JSON (orjson) or YAML read with yaml.safe_load; nothing is unpickled or evaluated."""
+    hits = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#")[0]
+            found = UNSAFE.search(code)
+            if found and (path.name, found.group(0).rstrip("(")) not in ALLOWED:
+                hits.append(f"{path.relative_to(REPO)}:{n}: {line.strip()}")
+    assert not hits, "\n".join(hits)
