@@ -29,6 +29,7 @@ from .storage import (
     disk_full_in,
     dumps_json,
     fsync_dir,
+    lost_race,
     no_space_error,
     read_json,
     remove_dead_temps,
@@ -287,7 +288,9 @@ def _put_in_place(tmp: Path, out: Path, overwrite: bool) -> None:
         return
     try:
         os.link(tmp, out)  # never replaces a file that appeared meanwhile
-    except FileExistsError as exc:
+    except OSError as exc:
+        if not lost_race(exc, out):
+            raise
         raise UserError(f"{out}: already exists; pass --overwrite (or overwrite_output) to replace it") from exc
 
 

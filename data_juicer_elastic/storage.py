@@ -97,12 +97,24 @@ def publish_once(path: str | os.PathLike, data: bytes) -> bool:
     tmp = _write_temp(path, data)
     try:
         os.link(tmp, path)
-    except FileExistsError:
-        return False
+    except OSError as exc:
+        if lost_race(exc, path):
+            return False
+        raise
     finally:
         _unlink_quietly(tmp)
     fsync_dir(Path(path).parent)
     return True
+
+
+def lost_race(exc: OSError, path: str | os.PathLike) -> bool:
+    """Did an exclusive create or link fail because ``path`` exists?
+
+    EEXIST says so. sshfs reports a race lost on the server (the name did not
+    exist when the kernel looked it up, but did when the sftp server tried)
+    as a generic failure, EPERM: then ``path`` being there now says so.
+    """
+    return isinstance(exc, FileExistsError) or (isinstance(exc, PermissionError) and os.path.lexists(path))
 
 
 def create_exclusive(path: str | os.PathLike, data: bytes) -> bool:
@@ -112,8 +124,10 @@ def create_exclusive(path: str | os.PathLike, data: bytes) -> bool:
     """
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        return False
+    except OSError as exc:
+        if lost_race(exc, path):
+            return False
+        raise
     try:
         os.write(fd, data)
         os.fsync(fd)
