@@ -141,6 +141,11 @@ def _walk(
 
 def _spec(path: str, rel: str, codec: str | None, media_base: str) -> InputSpec:
     try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:  # the manifest, records and media paths are UTF-8 JSON
+        shown = path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        raise UserError(f"{shown}: the path is not valid UTF-8; rename the file (or folder) to a UTF-8 name") from None
+    try:
         with open(path, "rb"):
             pass
         seen = Fingerprint.of(path)
