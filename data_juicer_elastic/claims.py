@@ -20,8 +20,10 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+import orjson
+
 from .jobdir import JobDir
-from .storage import create_exclusive, dumps_json, read_json, server_now, touch
+from .storage import create_exclusive, dumps_json, server_now, touch
 
 SEP = "@"
 RELEASED_MTIME = 1  # a released lease's mtime; anything at or below it reads as released
@@ -76,9 +78,13 @@ class ClaimStore:
         return self.job.claims_dir / lease_name(shard, attempt)
 
     def heartbeat_age(self, shard: str, attempt: int, now: float) -> float | None:
-        """Seconds since the lease was renewed (inf if released); None if it vanished."""
+        """Seconds since the lease was renewed (inf if released); None if it vanished.
+
+        A symlink in the claims folder is not followed: no worker makes one, and
+        following it would let any file outside the job dir keep a shard "live".
+        """
         try:
-            mtime = os.stat(self.lease_path(shard, attempt)).st_mtime
+            mtime = os.lstat(self.lease_path(shard, attempt)).st_mtime
         except FileNotFoundError:
             return None
         return float("inf") if mtime <= RELEASED_MTIME else now - mtime
@@ -89,7 +95,9 @@ class ClaimStore:
 
     def read_lease(self, shard: str, attempt: int) -> dict | None:
         try:
-            data = read_json(self.lease_path(shard, attempt))
+            fd = os.open(self.lease_path(shard, attempt), os.O_RDONLY | os.O_NOFOLLOW)
+            with open(fd, "rb") as f:
+                data = orjson.loads(f.read(1 << 16))
         except (OSError, ValueError):
             return None
         return data if isinstance(data, dict) else None

@@ -210,3 +210,37 @@ def test_no_module_loads_job_dir_content_unsafely():
             if found and (path.name, found.group(0).rstrip("(")) not in ALLOWED:
                 hits.append(f"{path.relative_to(REPO)}:{n}: {line.strip()}")
     assert not hits, "\n".join(hits)
+
+
+def test_lease_planted_as_a_symlink_is_not_followed(tmp_path):
+    """A symlink named like the next lease, pointing at a file outside that stays fresh: not a live lease."""
+    import threading
+    import time
+
+    from data_juicer_elastic.claims import ClaimStore
+    from data_juicer_elastic.status import job_status
+
+    job = make_job(tmp_path, rows=10, shards=1, lock_timeout_secs=1.5)
+    sid = "part-00000-of-00001"
+    outside = tmp_path / "outside.json"
+    outside.write_bytes(b'{"host": "intruder"}\n')
+    ClaimStore(job, lock_timeout=1.5, host="dead").try_claim(sid, 0)  # attempt 1, then it dies
+    (job.claims_dir / f"{sid}@0002").symlink_to(outside)
+    stop = threading.Event()
+
+    def keep_fresh():
+        while not stop.wait(0.2):
+            os.utime(outside, None)
+
+    toucher = threading.Thread(target=keep_fresh)
+    toucher.start()
+    try:
+        time.sleep(2.0)  # the planted link's own mtime and attempt 1 are now both past the timeout
+        assert job_status(job).shards[0].host is None  # the planted target is not read as a lease
+        result = run_worker(job.root, copy, log=lambda *_: None)
+    finally:
+        stop.set()
+        toucher.join()
+    assert result.exit_code == 0
+    assert orjson.loads(job.done_path(sid).read_bytes())["attempt"] == 3
+    assert outside.read_bytes() == b'{"host": "intruder"}\n'
