@@ -237,6 +237,9 @@ class Worker:
             return self._attempt(lease, info)
         except _NoSpace as exc:
             raise self._stop_on_full_disk(lease, info, exc) from exc.error
+        except ElasticError:  # a tampered job dir: nothing ran, so the shard is left claimable
+            self.store.release(lease)
+            raise
 
     def _attempt(self, lease: Lease, info: dict) -> str:
         sid, attempt = lease.shard, lease.attempt

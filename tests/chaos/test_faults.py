@@ -49,7 +49,7 @@ def test_chaos_random_kills_and_restarts_lose_nothing(tmp_path):
                    poll_interval_secs=0.1, max_retries=1000)
     seed = int(os.environ.get("DJE_CHAOS_SEED", random.randrange(1 << 30)))
     rng = random.Random(seed)
-    env = {"DJE_TEST_SLEEP": "0.3"}
+    env = {"DJE_TEST_SLEEP": "0.5"}
     logs: list[Path] = []
 
     def start() -> object:
