@@ -92,7 +92,13 @@ def failure_count(job: JobDir, shard: str, upto: int) -> int:
     """
     base = 0
     if job.retry_path(shard).exists():
-        base = int(read_json(job.retry_path(shard)).get("after_attempt", 0))
+        try:
+            base = read_json(job.retry_path(shard)).get("after_attempt", 0)
+        except (OSError, ValueError, AttributeError):
+            base = None
+        if type(base) is not int or base < 0:
+            raise IntegrityError(f"{job.retry_path(shard)}: not a retry record (after_attempt must be a "
+                                 "whole number); restore it or run `dj-elastic retry` for the shard again")
     count = 0
     for attempt in range(base + 1, upto + 1):
         try:

@@ -244,3 +244,12 @@ def test_lease_planted_as_a_symlink_is_not_followed(tmp_path):
     assert result.exit_code == 0
     assert orjson.loads(job.done_path(sid).read_bytes())["attempt"] == 3
     assert outside.read_bytes() == b'{"host": "intruder"}\n'
+
+
+@pytest.mark.parametrize("record", [b'{"after_attempt": "3"}\n', b"[1]\n", b"{not json\n"])
+def test_edited_retry_record_is_refused(tmp_path, record):
+    job = make_job(tmp_path, rows=10, shards=1)
+    job.retry_path("part-00000-of-00001").write_bytes(record)
+    result = run_worker(job.root, copy, log=lambda *_: None)
+    assert result.exit_code == 2 and str(job.retry_path("part-00000-of-00001")) in result.message
+    assert not os.listdir(job.done_dir)
