@@ -1,0 +1,132 @@
+"""``executor_type: elastic_shard``: the whole broadcast job behind ``dj-process``.
+
+``dj-process --config recipe.yaml`` starts the same process on every node;
+each one runs :meth:`ElasticShardExecutor.run`, a thin call into
+``coordination.run_job``. This module only translates the parsed recipe into
+the coordination's :class:`JobSpec`: how to build the prepare request (the
+recipe snapshot taken at parse time, the policy, the media and index keys)
+and how to build this host's runner (:class:`RayShardRunner`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Optional
+
+from data_juicer.core.executor.base import ExecutorBase
+from jsonargparse import Namespace
+from loguru import logger
+
+from .coordination import JobSpec, run_job
+from .errors import JobFailed, UserError
+from .jobdir import JobDir, Policy
+from .plugin.recipe import snapshot_of
+from .plugin.schema import NAME, ElasticShardSettings, settings_from_cfg
+from .plugin.validation import INPUT_SUFFIXES, recipe_keys
+from .prepare import PrepareRequest
+from .runner import RayShardRunner
+from .versions import current_versions
+
+AUTO_SHARD_BYTES = 256 << 20  # num_shards "auto": about this much input per shard
+
+
+def input_bytes(dataset_path: str) -> int:
+    """Size of the JSONL input (a file, or every *.jsonl[.gz|.zst] below a directory)."""
+    if os.path.isfile(dataset_path):
+        return os.path.getsize(dataset_path)
+    total = 0
+    for root, _dirs, files in os.walk(dataset_path):
+        total += sum(os.path.getsize(os.path.join(root, f)) for f in files if f.endswith(INPUT_SUFFIXES))
+    return total
+
+
+def auto_num_shards(dataset_path: str, nodes: int | None = None) -> int:
+    """About one shard per AUTO_SHARD_BYTES, at least one per node, a multiple of ``nodes``."""
+    shards = max(1, math.ceil(input_bytes(dataset_path) / AUTO_SHARD_BYTES))
+    if nodes:
+        shards = math.ceil(max(shards, nodes) / nodes) * nodes
+    return shards
+
+
+def policy_from(settings: ElasticShardSettings, dataset_path: str) -> Policy:
+    n = settings.num_shards
+    num_shards = auto_num_shards(dataset_path, settings.nodes) if n == "auto" else int(n)
+    return Policy(
+        num_shards=num_shards,
+        lock_timeout_secs=float(settings.lock_timeout_secs),
+        heartbeat_secs=float(settings.heartbeat_secs),
+        max_retries=int(settings.max_retries),
+        poll_interval_secs=float(settings.poll_interval_secs),
+        ray_address=settings.ray_address,
+    )
+
+
+def prepare_request(cfg: Any, recipe_text: str) -> PrepareRequest:
+    """The prepare request of a parsed, validated elastic_shard config."""
+    settings = settings_from_cfg(cfg)
+    dataset_path = os.path.abspath(cfg.dataset_path)
+    keys = recipe_keys(cfg)
+    return PrepareRequest(
+        dataset_path=dataset_path,
+        job_dir=os.path.abspath(settings.job_dir),
+        recipe_text=recipe_text.encode("utf-8"),
+        policy=policy_from(settings, dataset_path),
+        media_keys=keys.media_keys,
+        index_keys=keys.index_keys,
+        versions=current_versions(),
+    )
+
+
+def make_runner(job_dir: str) -> RayShardRunner:
+    """This host's runner, started now (Ray, custom operators, recipe) so a broken node fails fast."""
+    runner = RayShardRunner(ray_address=JobDir(job_dir).manifest().policy.ray_address)
+    runner.prepare_job(job_dir)
+    return runner
+
+
+def job_spec(cfg: Any, recipe_text: str) -> JobSpec:
+    settings = settings_from_cfg(cfg)
+    job_dir = os.path.abspath(settings.job_dir)
+    return JobSpec(
+        job_dir=job_dir,
+        export_path=os.path.abspath(cfg.export_path),
+        make_prepare_request=lambda: prepare_request(cfg, recipe_text),
+        make_runner=lambda: make_runner(job_dir),
+        run_id=settings.run_id,
+        nodes=settings.nodes,
+        require_all_nodes=settings.require_all_nodes,
+        max_shards=settings.max_shards,
+        wait_timeout_secs=settings.wait_timeout_secs,
+        poll_interval_secs=settings.poll_interval_secs,
+        allow_version_mismatch=settings.allow_version_mismatch,
+    )
+
+
+class ElasticShardExecutor(ExecutorBase):
+    """Shards the input over every node sharing ``elastic_shard.job_dir``; see DESIGN.md."""
+
+    def __init__(self, cfg: Optional[Namespace] = None) -> None:
+        super().__init__(cfg)
+        self.executor_type = NAME
+        if self.cfg.get("executor_type") != NAME:
+            raise UserError(f"ElasticShardExecutor needs executor_type {NAME}, got {self.cfg.get('executor_type')!r}")
+        text = snapshot_of(self.cfg)
+        if text is None:
+            raise UserError(
+                "this config was not parsed with data-juicer-elastic active (no recipe snapshot); "
+                "build it with data_juicer.config.init_configs / dj-process, and check DJ_ELASTIC_DISABLE is unset"
+            )
+        self.recipe_text = text
+        self.spec = job_spec(self.cfg, text)
+
+    def run(self, load_data_np: Optional[int] = None, skip_return: bool = False) -> None:
+        """This process's part of the job; raises JobFailed (with the shared exit code) unless it passed."""
+        code = run_job(self.spec, log=logger.info)
+        if code != 0:
+            error = JobFailed(
+                f"elastic_shard job {self.spec.job_dir} ended with exit code {code} (see the FAIL line above); "
+                f"`dj-elastic status --job-dir {self.spec.job_dir}` shows each shard"
+            )
+            error.exit_code = code
+            raise error

@@ -1,0 +1,93 @@
+"""The ``elastic_shard`` block of a recipe: keys, types, defaults, help.
+
+Added to Data-Juicer's parser, so jsonargparse type-checks the values in the
+YAML and on the command line (``--elastic_shard.num_shards 8``) and
+``dj-process --help`` lists them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Literal, Optional, Union
+
+from jsonargparse.typing import NonNegativeInt, PositiveFloat, PositiveInt
+
+NAME = "elastic_shard"
+KEY = NAME  # the recipe key of the block
+
+
+@dataclass(frozen=True)
+class ElasticShardSettings:
+    job_dir: Optional[str] = None
+    num_shards: Union[int, str] = "auto"
+    lock_timeout_secs: float = 300.0
+    heartbeat_secs: float = 30.0
+    max_retries: int = 2
+    poll_interval_secs: float = 5.0
+    wait_timeout_secs: Optional[float] = 3600.0
+    run_id: Optional[str] = None
+    nodes: Optional[int] = None
+    require_all_nodes: bool = False
+    max_shards: Optional[int] = None
+    ray_address: str = "local"
+    allow_version_mismatch: bool = False
+
+
+# key -> (jsonargparse type, help); defaults come from the dataclass
+_ARGS: dict[str, tuple[Any, str]] = {
+    "job_dir": (
+        Optional[str],
+        "Shared job directory (NAS/NFS/CPFS) every node can read and write; required with "
+        "executor_type elastic_shard. Holds the manifest, shards, leases, attempt outputs and logs.",
+    ),
+    "num_shards": (
+        Union[PositiveInt, Literal["auto"]],
+        "Number of contiguous, byte-balanced input shards, or 'auto' to let prepare choose.",
+    ),
+    "lock_timeout_secs": (PositiveFloat, "A lease not renewed for this long is stale and may be taken over."),
+    "heartbeat_secs": (PositiveFloat, "How often a running shard renews its lease (must be below lock_timeout_secs)."),
+    "max_retries": (NonNegativeInt, "Failed attempts of one shard retried before it fails terminally (exit 2)."),
+    "poll_interval_secs": (PositiveFloat, "How often an idle worker looks for claimable shards."),
+    "wait_timeout_secs": (
+        Optional[PositiveFloat],
+        "How long to wait with no sign of progress from other nodes (prepare coordinator, stalled job) "
+        "before failing; null waits indefinitely.",
+    ),
+    "run_id": (
+        Optional[str],
+        "Identifies one submission so its nodes coordinate and a later submission can reuse the job "
+        "directory; null derives it from the launcher's environment.",
+    ),
+    "nodes": (Optional[PositiveInt], "Number of nodes expected to take part in this submission."),
+    "require_all_nodes": (bool, "Fail unless all `nodes` nodes join the submission."),
+    "max_shards": (Optional[PositiveInt], "Stop this node's worker after it completed this many shards."),
+    "ray_address": (
+        str,
+        "Node-local Ray runtime each worker uses: 'local' starts one per worker process; "
+        "otherwise the address of a Ray runtime on this node to connect to.",
+    ),
+    "allow_version_mismatch": (
+        bool,
+        "Let a node whose Data-Juicer / data-juicer-elastic versions differ from the manifest's work anyway.",
+    ),
+}
+
+
+def add_arguments(parser: Any) -> None:
+    """Add ``--elastic_shard.*`` to a jsonargparse parser (no-op if already there)."""
+    if any(getattr(a, "dest", None) == f"{KEY}.job_dir" for a in parser._actions):
+        return
+    defaults = ElasticShardSettings()
+    for f in fields(ElasticShardSettings):
+        typ, help_text = _ARGS[f.name]
+        parser.add_argument(f"--{KEY}.{f.name}", type=typ, default=getattr(defaults, f.name), help=help_text)
+
+
+def settings_from_cfg(cfg: Any) -> ElasticShardSettings:
+    """The block of a parsed config as a frozen dataclass (defaults for absent keys)."""
+    block = cfg.get(KEY) if hasattr(cfg, "get") else getattr(cfg, KEY, None)
+    if block is None:
+        return ElasticShardSettings()
+    values = vars(block) if not isinstance(block, dict) else block
+    known = {f.name for f in fields(ElasticShardSettings)}
+    return ElasticShardSettings(**{k: v for k, v in values.items() if k in known})

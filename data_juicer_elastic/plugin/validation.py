@@ -1,0 +1,206 @@
+"""Parse-time checks of a recipe for ``executor_type: elastic_shard``.
+
+Runs after custom operators are loaded and before Data-Juicer writes
+anything (work dir, logs, config backup). Every problem is collected and
+reported in one :class:`~data_juicer_elastic.errors.UserError` (exit 2).
+
+Only shard-independent operators may run: each shard is processed on its
+own, so an op whose result depends on rows outside its shard (dedup,
+selection, grouping, aggregation, whole-dataset pipelines) would silently
+give a different answer than one run over the whole input.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlparse
+
+from ..errors import UserError
+from .schema import KEY, settings_from_cfg
+
+INPUT_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
+MEDIA_KEY_OPTIONS = ("image_key", "audio_key", "video_key")
+# recipe keys whose op lists are themselves ops (fused ops)
+_NESTED_LISTS = {"fused_op_list": "op", "op_specs": "spec"}
+
+
+@dataclass(frozen=True)
+class RecipeKeys:
+    """Row keys prepare must normalise: media paths made absolute, index keys numbered globally."""
+
+    media_keys: tuple[str, ...]
+    index_keys: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class OpEntry:
+    where: str  # e.g. "process[2] general_fused_op > fused_op_list[0]"
+    name: str
+    args: dict[str, Any]
+
+
+def _args_of(raw: Any) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    if isinstance(raw, dict):
+        return raw
+    return dict(vars(raw))  # a jsonargparse Namespace
+
+
+def iter_ops(process: list[Any] | None, prefix: str = "process") -> Iterator[OpEntry]:
+    """Every op of a process list, fused ops' inner ops included (depth first)."""
+    for i, item in enumerate(process or []):
+        if isinstance(item, str):
+            name, args = item, {}
+        elif isinstance(item, dict) and len(item) == 1:
+            name, raw = next(iter(item.items()))
+            args = _args_of(raw)
+        elif isinstance(item, dict) and ("class_name" in item or "name" in item):  # op_specs entry
+            name, args = item.get("class_name") or item.get("name"), _args_of(item.get("kwargs"))
+        else:
+            yield OpEntry(f"{prefix}[{i}]", repr(item), {})
+            continue
+        where = f"{prefix}[{i}] {name}"
+        yield OpEntry(where, name, args)
+        for key in _NESTED_LISTS:
+            if isinstance(args.get(key), list):
+                yield from iter_ops(args[key], f"{where} > {key}")
+
+
+def op_problem(entry: OpEntry) -> str | None:
+    """Why this op cannot run shard by shard, or None if it can."""
+    from data_juicer.ops.base_op import (
+        OPERATORS,
+        Aggregator,
+        Deduplicator,
+        Filter,
+        Grouper,
+        Mapper,
+        Pipeline,
+        Selector,
+    )
+
+    cls = OPERATORS.modules.get(entry.name)
+    if cls is None:
+        return "unknown operator; check the name, or list the module defining it in custom_operator_paths"
+    global_kinds = (
+        (Deduplicator, "a Deduplicator compares rows across the whole dataset"),
+        (Selector, "a Selector picks rows from the whole dataset"),
+        (Grouper, "a Grouper merges rows from the whole dataset"),
+        (Aggregator, "an Aggregator combines rows from the whole dataset"),
+        (Pipeline, "a Pipeline op runs over the whole dataset"),
+    )
+    for base, why in global_kinds:
+        if issubclass(cls, base):
+            return f"{why} ({cls.__name__}); shards are processed independently"
+    if not issubclass(cls, (Mapper, Filter)):
+        return f"{cls.__name__} is neither a Mapper nor a Filter; only per-row ops can run shard by shard"
+    if getattr(cls, "_prepare_for_ray_map_batches", None) is not None or entry.name.endswith("_deduplicator"):
+        return (
+            f"{cls.__name__} keeps global state across Ray workers to drop duplicates; "
+            "duplicates in different shards would survive"
+        )
+    if "ray" not in getattr(cls, "_supported_exec_modes", ("ray",)):
+        return f"{cls.__name__} does not support Ray mode (supports {list(cls._supported_exec_modes)})"
+    if entry.args.get("stats_export_path"):
+        return "stats_export_path writes one global stats file; remove it (stats stay in the rows)"
+    return None
+
+
+def _is_remote(path: str) -> bool:
+    scheme = urlparse(path).scheme
+    return len(scheme) > 1  # "c:" is a drive letter, not a scheme
+
+
+def path_problems(cfg: Any) -> list[str]:
+    problems = []
+    settings = settings_from_cfg(cfg)
+    if not settings.job_dir:
+        problems.append(
+            f"{KEY}.job_dir is not set; give a directory on the filesystem all nodes share, "
+            f"e.g. {KEY}: {{job_dir: /mnt/shared/jobs/my-job-001}}"
+        )
+    elif _is_remote(settings.job_dir):
+        problems.append(f"{KEY}.job_dir {settings.job_dir!r} is a URL; it must be a shared POSIX directory")
+
+    dataset_path = cfg.get("dataset_path") or ""
+    if not dataset_path:
+        if cfg.get("dataset") or cfg.get("generated_dataset_config"):
+            problems.append(
+                "dataset / generated_dataset_config are not supported by elastic_shard; "
+                "set dataset_path to a local JSONL file or a directory of JSONL files"
+            )
+        else:
+            problems.append("dataset_path is not set; set it to a local JSONL file or a directory of JSONL files")
+    elif _is_remote(dataset_path):
+        problems.append(f"dataset_path {dataset_path!r} is remote; elastic_shard reads a local JSONL file or folder")
+    elif not os.path.exists(dataset_path):
+        hint = " (weighted mixtures '<w1> <path1> ...' are not supported)" if " " in dataset_path.strip() else ""
+        problems.append(f"dataset_path {dataset_path!r} does not exist{hint}")
+    elif os.path.isfile(dataset_path) and not dataset_path.endswith(INPUT_SUFFIXES):
+        problems.append(
+            f"dataset_path {dataset_path!r} is not JSONL; elastic_shard reads files named "
+            f"{', '.join('*' + s for s in INPUT_SUFFIXES)} (or a folder of them)"
+        )
+
+    export_path = cfg.get("export_path") or ""
+    if _is_remote(export_path):
+        problems.append(f"export_path {export_path!r} is remote; elastic_shard writes one local .jsonl file")
+    elif not export_path.endswith(".jsonl"):
+        problems.append(f"export_path {export_path!r} must be a local file ending in .jsonl")
+    if cfg.get("export_type") not in (None, "jsonl"):
+        problems.append(f"export_type {cfg.get('export_type')!r} is not supported; elastic_shard writes jsonl")
+    if cfg.get("export_shard_size"):
+        problems.append("export_shard_size is not supported; elastic_shard merges everything into export_path")
+    if cfg.get("encrypt_before_export"):
+        problems.append("encrypt_before_export is not supported by elastic_shard (the merge reads the outputs)")
+    if settings.heartbeat_secs >= settings.lock_timeout_secs:
+        problems.append(
+            f"{KEY}.heartbeat_secs ({settings.heartbeat_secs}) must be below {KEY}.lock_timeout_secs "
+            f"({settings.lock_timeout_secs}), or live leases look stale"
+        )
+    return problems
+
+
+def recipe_problems(cfg: Any, process: list[Any] | None = None) -> list[str]:
+    """Everything wrong with ``cfg`` for elastic_shard (``process`` overrides cfg.process)."""
+    problems = path_problems(cfg)
+    ops = list(iter_ops(cfg.get("process") if process is None else process))
+    if not ops:
+        problems.append("the process list is empty; nothing to run")
+    for entry in ops:
+        why = op_problem(entry)
+        if why:
+            problems.append(f"{entry.where}: {why}")
+    return problems
+
+
+def validate(cfg: Any, process: list[Any] | None = None, source: str | None = None) -> None:
+    """Raise one UserError naming every problem (and the recipe file) if there is any."""
+    problems = recipe_problems(cfg, process)
+    if problems:
+        where = f"{source}: " if source else ""
+        raise UserError(
+            f"{where}this recipe cannot run with executor_type elastic_shard:\n"
+            + "\n".join(f"  - {p}" for p in problems)
+            + "\nOnly shard-independent Mapper/Filter ops run shard by shard; run global ops "
+            "(dedup, selection, grouping, aggregation) in a separate executor_type ray job."
+        )
+
+
+def recipe_keys(cfg: Any, process: list[Any] | None = None) -> RecipeKeys:
+    """Media keys (image/audio/video) and the index keys that ops declare."""
+    media: list[str] = []
+    for option in MEDIA_KEY_OPTIONS:
+        key = cfg.get(option)
+        if key and key not in media:
+            media.append(key)
+    index: list[str] = []
+    for entry in iter_ops(cfg.get("process") if process is None else process):
+        key = entry.args.get("index_key")
+        if isinstance(key, str) and key and key not in index:
+            index.append(key)
+    return RecipeKeys(tuple(media), tuple(index))

@@ -1,0 +1,345 @@
+"""End to end through the stock ``dj-process``: elastic_shard jobs against plain Ray runs.
+
+Each recipe runs twice, as a real subprocess with its own Ray: once with
+``executor_type: elastic_shard`` and once as one ``executor_type: ray`` run
+of the job's recipe snapshot over the whole input (the reference). The
+merged output must hold the same rows with the same values, in input order,
+except for what DESIGN.md invariant 6 allows: a key null on one side and
+absent on the other, media paths made absolute, ``index_key`` holding the
+global row index.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parent.parent
+# Nothing may be downloaded: no models, no datasets, no packages through Data-Juicer's lazy installer.
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PIP_NO_INDEX": "1",
+           "UV_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
+DJ_PROCESS = str(Path(os.environ.get("VIRTUAL_ENV", Path(os.sys.executable).parent.parent)) / "bin" / "dj-process")
+
+
+def dj_process(*args: str, cwd: Path, env: dict[str, str] | None = None,
+               timeout: int = 400) -> subprocess.CompletedProcess:
+    full_env = {k: v for k, v in os.environ.items() if k not in ("DJ_ELASTIC_DISABLE", "RAY_JOB", "RAY_ADDRESS")}
+    full_env.update(OFFLINE, **(env or {}))
+    return subprocess.run([DJ_PROCESS, *args], cwd=cwd, env=full_env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+def read_rows(path: Path) -> list[dict]:
+    """A JSONL file, or Ray's folder of part files."""
+    files = sorted(p for p in path.iterdir() if not p.name.startswith(".")) if path.is_dir() else [path]
+    return [json.loads(line) for f in files for line in f.read_text().splitlines() if line.strip()]
+
+
+def differences(a: Any, b: Any, where: str = "$") -> list[str]:
+    """Value differences, where a key null on one side and absent on the other counts as equal."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for key in sorted(set(a) | set(b)):
+            if key not in a or key not in b:
+                present = b.get(key) if key not in a else a.get(key)
+                if present is not None:
+                    out.append(f"{where}.{key}: only on one side ({present!r})")
+            else:
+                out += differences(a[key], b[key], f"{where}.{key}")
+        return out
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{where}[{i}]")]
+    return [] if a == b else [f"{where}: {a!r} != {b!r}"]
+
+
+def assert_matches_reference(merged: list[dict], reference: list[dict], input_ids: list[int],
+                             index_key: str | None = None) -> None:
+    position = {row_id: i for i, row_id in enumerate(input_ids)}
+    merged_ids = [r["id"] for r in merged]
+    assert merged_ids == sorted(merged_ids, key=position.__getitem__), "merged output is not in input order"
+    by_id = {r["id"]: r for r in reference}
+    assert len(by_id) == len(reference) and set(merged_ids) == set(by_id), (
+        f"rows differ: only merged {sorted(set(merged_ids) - set(by_id))[:10]}, "
+        f"only reference {sorted(set(by_id) - set(merged_ids))[:10]}")
+    problems = []
+    for row in merged:
+        row = dict(row)
+        if index_key:
+            assert row.pop(index_key) == position[row["id"]], f"{index_key} of id {row['id']} is not its row index"
+        problems += differences(row, by_id[row["id"]], f"id={row['id']}")
+    assert not problems, problems[:20]
+
+
+def run_elastic(config: Path, cwd: Path, *overrides: str) -> subprocess.CompletedProcess:
+    out = dj_process("--config", str(config), *overrides, cwd=cwd)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
+    assert "PASS:" in out.stderr + out.stdout
+    return out
+
+
+def run_reference(job_dir: Path, out_dir: Path, *, dataset_path: Path | None = None,
+                  env: dict[str, str] | None = None) -> list[dict]:
+    """One executor_type ray run of the job's recipe snapshot (its overrides included) over the whole input."""
+    recipe = yaml.safe_load((job_dir / "recipe.yaml").read_text())
+    assert recipe["executor_type"] == "ray"
+    recipe.update(export_path=str(out_dir / "reference.jsonl"), ray_address="local")
+    if dataset_path is not None:
+        recipe["dataset_path"] = str(dataset_path)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "reference.yaml").write_text(yaml.safe_dump(recipe))
+    out = dj_process("--config", str(out_dir / "reference.yaml"), cwd=out_dir, env=env)
+    assert out.returncode == 0, out.stderr[-5000:]
+    return read_rows(out_dir / "reference.jsonl")
+
+
+def elastic_recipe(path: Path, dataset: Path, export: Path, job: Path, process: list, **extra: Any) -> Path:
+    recipe = {"project_name": path.stem, "dataset_path": str(dataset), "export_path": str(export), "np": 2,
+              "executor_type": "elastic_shard",
+              "elastic_shard": {"job_dir": str(job), "num_shards": 4, "max_retries": 0, "heartbeat_secs": 2.0,
+                                "lock_timeout_secs": 60.0, "poll_interval_secs": 0.5, "wait_timeout_secs": 120.0},
+              "process": process, **extra}
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path
+
+
+def input_ids(root: Path) -> list[int]:
+    """Ids in input order: files by relative path, lines in file order."""
+    files = [root] if root.is_file() else sorted(root.rglob("*.jsonl"), key=lambda p: p.relative_to(root).as_posix())
+    return [json.loads(line)["id"] for f in files for line in f.read_text().splitlines()]
+
+
+# --------------------------------------------------------------------------- recipe 1: index_key, CLI overrides
+@pytest.fixture(scope="module")
+def index_job(tmp_path_factory):
+    """demos/data/text (nested folders, ints and floats in one column, nested structs) with an index_key op."""
+    tmp = tmp_path_factory.mktemp("index")
+    data = tmp / "data"
+    for src in (REPO / "demos/data/text").rglob("*.jsonl"):
+        dest = data / src.relative_to(REPO / "demos/data/text")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(src.read_bytes())
+    config = elastic_recipe(
+        tmp / "index.yaml", data, tmp / "out" / "merged.jsonl", tmp / "job",
+        process=[{"whitespace_normalization_mapper": None},
+                 {"clean_email_mapper": {"index_key": "row_idx"}},
+                 {"clean_links_mapper": None},
+                 {"text_length_filter": {"min_len": 20}},
+                 {"words_num_filter": {"lang": "en", "tokenization": False, "min_num": 4}}],
+    )
+    out = run_elastic(config, tmp, "--elastic_shard.num_shards", "3", "--text_length_filter.min_len", "40")
+    merged = read_rows(tmp / "out" / "merged.jsonl")
+    reference = run_reference(tmp / "job", tmp / "ref")
+    return {"tmp": tmp, "data": data, "job": tmp / "job", "merged": merged, "reference": reference, "log": out}
+
+
+def test_index_key_recipe_matches_one_ray_run(index_job):
+    assert_matches_reference(index_job["merged"], index_job["reference"], input_ids(index_job["data"]),
+                             index_key="row_idx")
+    assert len(index_job["merged"]) > 100
+    assert any(isinstance(r.get("score"), float) for r in index_job["merged"])
+
+
+def test_command_line_overrides_are_honoured(index_job):
+    manifest = json.loads((index_job["job"] / "manifest.json").read_text())
+    assert manifest["policy"]["num_shards"] == 3 and len(manifest["shards"]) == 3
+    assert manifest["index_keys"] == ["row_idx"] and manifest["media_keys"] == ["images", "audios", "videos"]
+    recipe = yaml.safe_load((index_job["job"] / "recipe.yaml").read_text())
+    assert {"text_length_filter": {"min_len": 40}} in recipe["process"]
+    assert all(len(r["text"]) >= 40 for r in index_job["merged"])
+    for attempt in (index_job["job"] / "attempts").glob("*/*"):
+        assert (attempt / "process.log").is_file() and (attempt / "processed.jsonl").is_file()
+        assert not (attempt / "export.jsonl").exists()
+
+
+def test_builtin_ray_executor_is_unchanged_by_the_plugin(index_job):
+    """The reference above ran with the plugin active; the same run with it switched off gives the same rows."""
+    plain = run_reference(index_job["job"], index_job["tmp"] / "ref-disabled", env={"DJ_ELASTIC_DISABLE": "1"})
+    key = lambda r: r["id"]  # noqa: E731  (Ray does not promise an order without preserve_order)
+    assert sorted(plain, key=key) == sorted(index_job["reference"], key=key)
+
+
+# --------------------------------------------------------------------------- recipe 2: custom operators
+CUSTOM_OPS = '''
+from data_juicer.ops.base_op import OPERATORS, Filter, Mapper
+
+
+@OPERATORS.register_module("dje_test_tag_mapper")
+class DjeTestTagMapper(Mapper):
+    """Adds a tag derived from the text (a new key)."""
+
+    def process_single(self, sample):
+        sample["tag"] = "len-mod-5-" + str(len(sample[self.text_key]) % 5)
+        return sample
+
+
+@OPERATORS.register_module("dje_test_odd_id_filter")
+class DjeTestOddIdFilter(Filter):
+    """Keeps rows with an odd id."""
+
+    def compute_stats_single(self, sample):
+        return sample
+
+    def process_single(self, sample):
+        return sample["id"] % 2 == 1
+'''
+
+
+def test_custom_operator_recipe_matches_one_ray_run(tmp_path):
+    ops = tmp_path / "ops" / "dje_test_ops.py"
+    ops.parent.mkdir()
+    ops.write_text(textwrap.dedent(CUSTOM_OPS))
+    data = tmp_path / "data.jsonl"  # a single file this time
+    write_jsonl(data, [{"id": i, "text": f"sample number {i} " + "word " * (i % 13), "n": i * 3}
+                       for i in range(240)])
+    config = elastic_recipe(
+        tmp_path / "custom.yaml", data, tmp_path / "out" / "merged.jsonl", tmp_path / "job",
+        process=[{"dje_test_tag_mapper": None}, {"dje_test_odd_id_filter": None},
+                 {"text_length_filter": {"min_len": 25}}],
+        custom_operator_paths=["ops/dje_test_ops.py"],  # relative to the working directory, as Data-Juicer reads it
+    )
+    run_elastic(config, tmp_path)
+    merged = read_rows(tmp_path / "out" / "merged.jsonl")
+    reference = run_reference(tmp_path / "job", tmp_path / "ref")
+    assert_matches_reference(merged, reference, input_ids(data))
+    assert merged and all(r["id"] % 2 == 1 and r["tag"].startswith("len-mod-5-") for r in merged)
+    snapshot = yaml.safe_load((tmp_path / "job" / "recipe.yaml").read_text())
+    assert snapshot["custom_operator_paths"] == [str(ops)]
+
+
+def test_a_failing_op_fails_its_shard_and_the_job_exits_2(tmp_path):
+    ops = tmp_path / "dje_failing_ops.py"
+    ops.write_text(textwrap.dedent('''
+        from data_juicer.ops.base_op import OPERATORS, Mapper
+
+
+        @OPERATORS.register_module("dje_test_exploding_mapper")
+        class DjeTestExplodingMapper(Mapper):
+            def process_single(self, sample):
+                if sample["id"] == 7:
+                    raise ValueError("row 7 is cursed")
+                return sample
+    '''))
+    data = tmp_path / "data.jsonl"
+    write_jsonl(data, [{"id": i, "text": f"text {i}"} for i in range(40)])
+    config = elastic_recipe(tmp_path / "fail.yaml", data, tmp_path / "out" / "merged.jsonl", tmp_path / "job",
+                            process=[{"dje_test_exploding_mapper": None}], skip_op_error=False,
+                            custom_operator_paths=[str(ops)])
+    out = dj_process("--config", str(config), cwd=tmp_path)
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert "FAIL:" in out.stderr and "part-00000-of-00004" in out.stderr
+    failed = json.loads((tmp_path / "job/state/failed/part-00000-of-00004.json").read_text())
+    assert "row 7 is cursed" in (tmp_path / "job" / failed["log"]).read_text()
+    assert not (tmp_path / "out" / "merged.jsonl").exists()
+
+
+# --------------------------------------------------------------------------- recipe 3: relative media paths
+def test_relative_media_paths_in_a_nested_folder(tmp_path):
+    from PIL import Image
+
+    root = tmp_path / "data"
+    sizes = {"img/big.png": (40, 30), "img/small.png": (6, 6), "sub/pics/wide.png": (64, 16)}
+    for rel, size in sizes.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", size, (200, 30, 30)).save(root / rel)
+    choices = [["img/big.png"], ["img/small.png"], ["sub/pics/wide.png", "img/big.png"], None, []]
+    files = {"a.jsonl": range(0, 40), "sub/deep/b.jsonl": range(40, 90), "sub/c.jsonl": range(90, 120)}
+    for rel, ids in files.items():
+        rows = []
+        for i in ids:
+            row = {"id": i, "text": f"  caption {i}  "}
+            if choices[i % 5] is not None:
+                row["images"] = list(choices[i % 5])
+            rows.append(row)
+        write_jsonl(root / rel, rows)
+    config = elastic_recipe(
+        tmp_path / "media.yaml", root, tmp_path / "out" / "merged.jsonl", tmp_path / "job",
+        process=[{"whitespace_normalization_mapper": None}, {"image_shape_filter": {"min_width": 10}}],
+    )
+    run_elastic(config, tmp_path)
+    merged = read_rows(tmp_path / "out" / "merged.jsonl")
+
+    # The reference reads a copy whose media paths were made absolute against the dataset root, as the
+    # default executor resolves them (a whole-folder Ray run resolves them against the folder's parent).
+    ref_root = tmp_path / "ref-data"
+    for rel in files:
+        rows = read_rows(root / rel)
+        for row in rows:
+            if row.get("images"):
+                row["images"] = [os.path.join(root, p) for p in row["images"]]
+        write_jsonl(ref_root / rel, rows)
+    reference = run_reference(tmp_path / "job", tmp_path / "ref", dataset_path=ref_root)
+    assert_matches_reference(merged, reference, input_ids(root))
+    with_images = [r for r in merged if r.get("images")]
+    assert with_images and all(os.path.isabs(p) and os.path.exists(p) for r in with_images for p in r["images"])
+    assert not any(str(root / "img/small.png") in (r.get("images") or []) for r in merged)
+
+
+# --------------------------------------------------------------------------- refusals and the plugin switch
+def test_global_ops_are_refused_by_name_and_nothing_is_written(tmp_path):
+    config = elastic_recipe(
+        tmp_path / "global.yaml", REPO / "demos/data/text", tmp_path / "out" / "merged.jsonl", tmp_path / "job",
+        process=[{"whitespace_normalization_mapper": None}, {"document_deduplicator": None},
+                 {"ray_document_deduplicator": None}, {"topk_specified_field_selector": {"field_key": "score"}},
+                 {"text_length_filter": {"min_len": 3, "stats_export_path": str(tmp_path / "stats.jsonl")}}],
+    )
+    before = sorted(p.name for p in tmp_path.iterdir())
+    out = dj_process("--config", str(config), cwd=tmp_path)
+    assert out.returncode == 2, out.stderr[-3000:]
+    for op in ("process[1] document_deduplicator", "process[2] ray_document_deduplicator",
+               "process[3] topk_specified_field_selector", "process[4] text_length_filter: stats_export_path"):
+        assert op in out.stderr
+    assert "Traceback" not in out.stderr and "process[0]" not in out.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_bad_elastic_shard_value_is_refused_by_the_parser(tmp_path):
+    config = elastic_recipe(tmp_path / "bad.yaml", REPO / "demos/data/text", tmp_path / "out.jsonl",
+                            tmp_path / "job", process=[{"whitespace_normalization_mapper": None}])
+    recipe = yaml.safe_load(config.read_text())
+    recipe["elastic_shard"]["num_shards"] = 0
+    config.write_text(yaml.safe_dump(recipe))
+    out = dj_process("--config", str(config), cwd=tmp_path)
+    assert out.returncode == 2
+    assert 'Parser key "elastic_shard.num_shards"' in out.stderr
+    out = dj_process("--config", str(config), "--elastic_shard.num_shards", "two", cwd=tmp_path)
+    assert out.returncode == 2 and "elastic_shard.num_shards" in out.stderr
+    assert not (tmp_path / "job").exists()
+
+
+def test_switched_off_plugin_leaves_data_juicer_as_shipped(tmp_path):
+    config = elastic_recipe(tmp_path / "e.yaml", REPO / "demos/data/text", tmp_path / "out.jsonl",
+                            tmp_path / "job", process=[{"whitespace_normalization_mapper": None}])
+    out = dj_process("--config", str(config), cwd=tmp_path, env={"DJ_ELASTIC_DISABLE": "1"})
+    assert out.returncode == 2 and "not among choices" in out.stderr and "elastic_shard" in out.stderr
+    out = dj_process("--help", cwd=tmp_path, env={"DJ_ELASTIC_DISABLE": "1"})
+    assert out.returncode == 0 and "elastic_shard" not in out.stdout
+    out = dj_process("--help", cwd=tmp_path)
+    assert out.returncode == 0 and "--elastic_shard.num_shards" in out.stdout
+
+
+def test_default_executor_is_unchanged_by_the_plugin(tmp_path):
+    outputs = {}
+    for label, env in (("plugin", {}), ("disabled", {"DJ_ELASTIC_DISABLE": "1"})):
+        recipe = {"project_name": "default-check", "dataset_path": str(REPO / "demos/data/text/books.jsonl"),
+                  "export_path": str(tmp_path / label / "result.jsonl"), "np": 1,
+                  "process": [{"whitespace_normalization_mapper": None}, {"text_length_filter": {"min_len": 30}}]}
+        config = tmp_path / f"{label}.yaml"
+        config.write_text(yaml.safe_dump(recipe))
+        out = dj_process("--config", str(config), cwd=tmp_path, env=env)
+        assert out.returncode == 0, out.stderr[-3000:]
+        outputs[label] = (tmp_path / label / "result.jsonl").read_bytes()
+    assert outputs["plugin"] == outputs["disabled"] and outputs["plugin"]
