@@ -6,9 +6,8 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-import orjson
-
 from .errors import IntegrityError
+from .prep_jsonl import LineProblem, check_objects
 
 BLOCK = 16 << 20
 
@@ -21,22 +20,10 @@ class OutputDigest:
 
 
 def _check_lines(lines: list[bytes], path: Path, first_line: int) -> None:
-    """Every line is one JSON object. One orjson call per block; per line only to report."""
-    if not lines:
-        return
     try:
-        parsed = orjson.loads(b"[" + b",".join(lines) + b"]")
-        if len(parsed) == len(lines) and all(type(row) is dict for row in parsed):
-            return
-    except orjson.JSONDecodeError:
-        pass
-    for offset, line in enumerate(lines):
-        try:
-            ok = type(orjson.loads(line)) is dict
-        except orjson.JSONDecodeError:
-            ok = False
-        if not ok:
-            raise IntegrityError(f"{path}:{first_line + offset}: output row is not one JSON object")
+        check_objects(lines)
+    except LineProblem as bad:
+        raise IntegrityError(f"{path}:{first_line + bad.index}: output row is not one JSON object ({bad.message})") from None
 
 
 def inspect_output(path: str | Path) -> OutputDigest:

@@ -66,6 +66,11 @@ def process_lines(lines: list[bytes], rules: RowRules, first_row: int) -> list[b
     return out
 
 
+def check_objects(lines: list[bytes]) -> None:
+    """Raise LineProblem for the first line that is not exactly one JSON object."""
+    _fast_scan(lines, frozenset())
+
+
 def _fast_scan(lines: list[bytes], media: frozenset[str]) -> list[bool] | None:
     """One C-level pass: every line an object; per line, True if it has none of the media keys."""
     try:
