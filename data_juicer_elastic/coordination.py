@@ -50,9 +50,10 @@ from .identity import hostname
 from .jobdir import JobDir
 from .merge import merge, verify
 from .prepare import prepare
-from .storage import atomic_write, dumps_json, publish_once, read_json, server_now, touch
+from .status import failure_message
+from .storage import atomic_write, dumps_json, publish_once, read_json, read_record, server_now, touch
 from .versions import check_versions
-from .worker import Interrupted, Runner, _signals_raise_interrupted, run_worker
+from .worker import Interrupted, Runner, run_worker, signals_raise_interrupted
 
 if TYPE_CHECKING:
     from .prepare import PrepareRequest
@@ -235,14 +236,14 @@ class RunDir:
 
     def member_hosts(self) -> list[str]:
         names = [n for n in os.listdir(self.root / "members") if n.endswith(".json") and not n.startswith(".")]
-        return sorted({_read_dict(self.root / "members" / n).get("host", "?") for n in names})
+        return sorted({read_record(self.root / "members" / n).get("host", "?") for n in names})
 
     def elect(self, name: str) -> tuple[bool, dict]:
         """Stand in the election ``name``: (won, the winner's ballot)."""
         ballot = {"host": self.host, "pid": self.pid, "at": time.time()}
         if publish_once(self.path(name), dumps_json(ballot)):
             return True, ballot
-        return False, _read_dict(self.path(name))
+        return False, read_record(self.path(name))
 
     def publish(self, name: str, outcome: Outcome) -> Outcome:
         """Publish ``outcome`` unless one is there already; return the one that counts."""
@@ -372,7 +373,7 @@ class _Session:
         result = f"{role}.result.json"
         with Pulse(run.path(f"{role}.coordinator.json"), self.pulse_interval):
             try:
-                with _signals_raise_interrupted():
+                with signals_raise_interrupted():
                     outcome = work()
             except ElasticError as exc:
                 outcome = Outcome(exc.exit_code, f"{role} failed on host={self.host}: {exc}")
@@ -481,7 +482,7 @@ class _AfterPrepare(_Session):
             outcome = self.run.aborted() or self.failed_outcome()
             if outcome:
                 return outcome
-            done = _records(self.job.done_dir)
+            done = self.job.done_ids()
             if len(done) == total:
                 return None
             if len(done) != last_done or _any_live(store, done):
@@ -491,11 +492,11 @@ class _AfterPrepare(_Session):
             time.sleep(self.spec.poll_interval_secs)
 
     def failed_outcome(self) -> Outcome | None:
-        failed = sorted(_records(self.job.failed_dir))
+        failed = sorted(self.job.failed_ids())
         return self.run.abort(failure_message(self.job, failed[0])) if failed else None
 
     def all_done(self) -> bool:
-        return len(_records(self.job.done_dir)) == len(self.job.manifest().shards)
+        return len(self.job.done_ids()) == len(self.job.manifest().shards)
 
     def stall_message(self, done: set[str]) -> str:
         shards = [s.id for s in self.job.manifest().shards]
@@ -569,12 +570,12 @@ def run_summaries(job_dir: str | os.PathLike) -> list[RunSummary]:
 
 
 def _summary(lobby: Path, run: Path) -> RunSummary:
-    info = _read_dict(lobby / "run.json") or _read_dict(run / "run.json")
+    info = read_record(lobby / "run.json") or read_record(run / "run.json")
     prepare_result, finalize = _outcome(lobby / "prepare.result.json"), _outcome(run / "finalize.result.json")
     failed_prepare = prepare_result if prepare_result and prepare_result.exit_code else None
     hosts_dir, members_dir = run / "hosts", run / "members"
-    loops = [_read_dict(hosts_dir / n) for n in (os.listdir(hosts_dir) if hosts_dir.is_dir() else ())]
-    members = [_read_dict(members_dir / n) for n in (os.listdir(members_dir) if members_dir.is_dir() else ())]
+    loops = [read_record(hosts_dir / n) for n in (os.listdir(hosts_dir) if hosts_dir.is_dir() else ())]
+    members = [read_record(members_dir / n) for n in (os.listdir(members_dir) if members_dir.is_dir() else ())]
     return RunSummary(
         run_id=str(info.get("run_id", run.name)),
         created_at=float(info.get("created_at", 0.0)),
@@ -587,12 +588,12 @@ def _summary(lobby: Path, run: Path) -> RunSummary:
 
 
 def _who(ballot: Path) -> str:
-    b = _read_dict(ballot)
+    b = read_record(ballot)
     return f"{b['host']} pid {b.get('pid')}" if "host" in b else ""
 
 
 def _outcome(path: Path) -> Outcome | None:
-    d = _read_dict(path)
+    d = read_record(path)
     try:
         return Outcome.from_dict(d) if d else None
     except (KeyError, TypeError, ValueError):
@@ -607,22 +608,6 @@ def strict_split_ok(shards: int, nodes: int) -> bool:
     return shards >= nodes and (nodes - 1) * math.ceil(shards / nodes) < shards
 
 
-def failure_message(job: JobDir, sid: str) -> str:
-    """Name the failed shard, its error and its log, and how to requeue it."""
-    rec = _read_dict(job.failed_path(sid))
-    try:
-        log = job.confine(rec["log"], "failed record log")
-    except (KeyError, IntegrityError):
-        log = job.failed_path(sid)
-    return (f"shard {sid} failed terminally on host={rec.get('host')} after {rec.get('failures')} failure(s): "
-            f"{rec.get('error')}; see {log}; fix the cause, then "
-            f"`dj-elastic retry --job-dir {job.root} --shard-id {sid}` and submit the job again")
-
-
-def _records(path: Path) -> set[str]:
-    return {n[:-5] for n in os.listdir(path) if n.endswith(".json") and not n.startswith(".")}
-
-
 def _any_live(store: ClaimStore, done: set[str]) -> bool:
     pending = {sid: n for sid, n in store.latest_attempts().items() if sid not in done}
     if not pending:
@@ -634,17 +619,9 @@ def _any_live(store: ClaimStore, done: set[str]) -> bool:
 def _hosts_of(job: JobDir, done: set[str]) -> dict[str, int]:
     hosts: dict[str, int] = {}
     for sid in done:
-        host = _read_dict(job.done_path(sid)).get("host", "?")
+        host = read_record(job.done_path(sid)).get("host", "?")
         hosts[host] = hosts.get(host, 0) + 1
     return hosts
-
-
-def _read_dict(path: str | os.PathLike) -> dict:
-    try:
-        data = read_json(path)
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _some(items: list[str], limit: int = 8) -> str:

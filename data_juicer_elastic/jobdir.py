@@ -151,6 +151,10 @@ def manifest_digest(d: dict[str, Any]) -> str:
     return hashlib.sha256(dumps_json({k: v for k, v in d.items() if k not in ("digest", "created_at")})).hexdigest()
 
 
+def _record_ids(folder: Path) -> set[str]:
+    return {n[:-5] for n in os.listdir(folder) if n.endswith(".json") and not n.startswith(".")}
+
+
 def confine(root: Path, rel: str, what: str = "path") -> Path:
     """Resolve ``rel`` inside ``root``; refuse absolute paths, ``..`` and symlink escapes."""
     if not isinstance(rel, str) or not rel or os.path.isabs(rel) or ".." in Path(rel).parts:
@@ -234,6 +238,14 @@ class JobDir:
 
     def failed_path(self, sid: str) -> Path:
         return self.failed_dir / f"{sid}.json"
+
+    def done_ids(self) -> set[str]:
+        """Shards with a done record (one directory listing)."""
+        return _record_ids(self.done_dir)
+
+    def failed_ids(self) -> set[str]:
+        """Shards with a terminal failure record (one directory listing)."""
+        return _record_ids(self.failed_dir)
 
     def retry_path(self, sid: str) -> Path:
         return self.retry_dir / f"{sid}.json"

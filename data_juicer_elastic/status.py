@@ -8,10 +8,10 @@ import uuid
 from dataclasses import asdict, dataclass, field
 
 from .claims import ClaimStore
-from .errors import UserError
+from .errors import IntegrityError, UserError
 from .identity import hostname
 from .jobdir import JobDir
-from .storage import atomic_write, dumps_json, read_json
+from .storage import atomic_write, dumps_json, read_record
 
 STATES = ("pending", "running", "stale", "done", "failed")
 
@@ -47,20 +47,11 @@ class JobStatus:
         return asdict(self)
 
 
-def _read(path) -> dict:
-    try:
-        data = read_json(path)
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def job_status(job: JobDir) -> JobStatus:
     """One listing per state directory, one stat per leased shard: cheap on 10,000 shards."""
     manifest = job.manifest()
     store = ClaimStore(job, lock_timeout=manifest.policy.lock_timeout_secs, host=hostname())
-    done = {n[:-5] for n in os.listdir(job.done_dir) if n.endswith(".json") and not n.startswith(".")}
-    failed = {n[:-5] for n in os.listdir(job.failed_dir) if n.endswith(".json") and not n.startswith(".")}
+    done, failed = job.done_ids(), job.failed_ids()
     latest = store.latest_attempts()
     now = store.now() if len(done) + len(failed) < len(manifest.shards) else time.time()
     shards: list[ShardStatus] = []
@@ -69,13 +60,13 @@ def job_status(job: JobDir) -> JobStatus:
     for spec in manifest.shards:
         s = ShardStatus(id=spec.id, state="pending", attempts=latest.get(spec.id, 0), input_rows=spec.rows)
         if spec.id in done:
-            rec = _read(job.done_path(spec.id))
+            rec = read_record(job.done_path(spec.id))
             s.state, s.host, s.rows = "done", rec.get("host"), rec.get("rows")
             hosts[s.host or "?"] = hosts.get(s.host or "?", 0) + 1
             first_start = min(first_start, rec.get("started_at", first_start))
             last_finish = max(last_finish, rec.get("finished_at", last_finish))
         elif spec.id in failed:
-            rec = _read(job.failed_path(spec.id))
+            rec = read_record(job.failed_path(spec.id))
             s.state, s.host, s.error = "failed", rec.get("host"), rec.get("error")
         elif s.attempts:
             age = store.heartbeat_age(spec.id, s.attempts, now)
@@ -115,7 +106,7 @@ def retry(job: JobDir, shard_ids: list[str] | None = None, *, all_failed: bool =
     """
     manifest = job.manifest()
     if all_failed:
-        shard_ids = sorted(n[:-5] for n in os.listdir(job.failed_dir) if n.endswith(".json"))
+        shard_ids = sorted(job.failed_ids())
     if not shard_ids:
         raise UserError("retry: name shards with --shard-id, or use --all-failed")
     store = ClaimStore(job, lock_timeout=manifest.policy.lock_timeout_secs, host=hostname())
@@ -137,3 +128,15 @@ def retry(job: JobDir, shard_ids: list[str] | None = None, *, all_failed: bool =
             os.rename(path, job.history_dir / f"{stamp}-{sid}.{kind}.json")
         requeued.append(sid)
     return requeued
+
+
+def failure_message(job: JobDir, sid: str) -> str:
+    """Name the terminally failed shard, its error, its log, and how to requeue it."""
+    rec = read_record(job.failed_path(sid))
+    try:
+        log = job.confine(rec["log"], "failed record log")
+    except (KeyError, TypeError, IntegrityError):
+        log = job.failed_path(sid)
+    return (f"shard {sid} failed terminally on host={rec.get('host')} after {rec.get('failures')} failure(s): "
+            f"{rec.get('error')}; see {log}; fix the cause, then "
+            f"`dj-elastic retry --job-dir {job.root} --shard-id {sid}` and submit the job again")

@@ -33,6 +33,15 @@ def read_json(path: str | os.PathLike) -> Any:
         return orjson.loads(f.read())
 
 
+def read_record(path: str | os.PathLike) -> dict:
+    """A JSON object record; {} when it is missing, unreadable or not an object (callers treat it as absent)."""
+    try:
+        data = read_json(path)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def fsync_dir(path: str | os.PathLike) -> None:
     """Make a rename or link inside ``path`` durable. Some filesystems refuse; that is fine."""
     try:

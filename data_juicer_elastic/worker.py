@@ -33,6 +33,7 @@ from .identity import hostname
 from .jobdir import JobDir, attempt_name
 from .outputs import inspect_output
 from .prep_inputs import hash_file
+from .status import failure_message
 from .storage import atomic_write, disk_full_in, dumps_json, no_space_error, publish_once, read_json
 
 # Outcomes of an attempt that do not count against the retry budget: the
@@ -149,13 +150,10 @@ class Worker:
         self.claimed = 0
 
     # scanning ---------------------------------------------------------------
-    def _records(self, path: Path) -> set[str]:
-        return {n[:-5] for n in os.listdir(path) if n.endswith(".json") and not n.startswith(".")}
-
     def _candidates(self) -> tuple[list[tuple[str, int]], set[str], set[str]]:
         """Shards that may be claimable now, free ones first, and the done/failed sets."""
-        done = self._records(self.job.done_dir)
-        failed = self._records(self.job.failed_dir)
+        done = self.job.done_ids()
+        failed = self.job.failed_ids()
         latest = self.store.latest_attempts()
         ordered = self.order[self._offset:] + self.order[: self._offset]
         free, held = [], []
@@ -177,7 +175,7 @@ class Worker:
                     continue
             if failure_count(self.job, sid, current) > self.policy.max_retries:
                 self._publish_failed(sid, current, "attempts lost (worker killed or stalled) past the retry budget")
-                return None, done, self._records(self.job.failed_dir)
+                return None, done, self.job.failed_ids()
             lease = self.store.try_claim(sid, current)
             if lease is None:
                 continue
@@ -191,7 +189,7 @@ class Worker:
     def run(self) -> WorkerResult:
         result = WorkerResult(exit_code=0)
         self.log(f"worker started on host={self.host} pid={os.getpid()} job_dir={self.job.root}")
-        with _signals_raise_interrupted():
+        with signals_raise_interrupted():
             try:
                 while True:
                     if self.should_stop():
@@ -206,7 +204,7 @@ class Worker:
                     lease, done, failed = self._claim_next()
                     if failed:
                         sid = sorted(failed)[0]
-                        result.exit_code, result.message = 2, self._failure_message(sid)
+                        result.exit_code, result.message = 2, failure_message(self.job, sid)
                         return result
                     if len(done) == len(self.order):
                         result.message = f"all {len(self.order)} shards done"
@@ -381,15 +379,6 @@ class Worker:
         }
         publish_once(self.job.failed_path(sid), dumps_json(record))
 
-    def _failure_message(self, sid: str) -> str:
-        try:
-            rec = read_json(self.job.failed_path(sid))
-            log = self.job.confine(rec["log"], "failed record log")
-            return (f"shard {sid} failed terminally after {rec.get('failures')} failure(s): {rec.get('error')}; "
-                    f"see {log}; fix the cause, then `dj-elastic retry --job-dir {self.job.root} --shard-id {sid}`")
-        except (OSError, ValueError, KeyError, IntegrityError):
-            return f"shard {sid} failed terminally; see {self.job.failed_path(sid)}"
-
 
 def _read_attempt(job: JobDir, sid: str) -> int | None:
     """The attempt the shard's done record names, if there is one."""
@@ -400,7 +389,7 @@ def _read_attempt(job: JobDir, sid: str) -> int | None:
     return attempt if type(attempt) is int else None
 
 
-class _signals_raise_interrupted:
+class signals_raise_interrupted:
     """SIGTERM/SIGINT raise ``Interrupted`` in the main thread (no-op in other threads)."""
 
     def __enter__(self) -> None:

@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from data_juicer_elastic.cli import main as cli_main
-from data_juicer_elastic.coordination import failure_message
+from data_juicer_elastic.status import failure_message
 from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.jobdir import JobDir, Policy
 from data_juicer_elastic.merge import merge
