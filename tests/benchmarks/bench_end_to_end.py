@@ -1,0 +1,152 @@
+"""B1: end-to-end wall time of ``dj-process`` with elastic_shard against plain executor_type ray.
+
+    python tests/benchmarks/bench_end_to_end.py [--rounds 3] [--rows 200000] [--shards 16] [--dir DIR] [--keep]
+
+Generates deterministic JSONL (``{"text": ...}`` rows of short English-ish
+text) and two recipes with the same process list
+(whitespace_normalization_mapper, text_length_filter 10..10000):
+
+  (a) executor_type: elastic_shard, elastic_shard.job_dir fresh per round, num_shards 16;
+  (b) executor_type: ray, ray_address: local.
+
+Each round runs ``dj-process --config a.yaml`` and ``dj-process --config b.yaml``
+(alternating which goes first), each as a fresh subprocess with its own Ray,
+offline, and times its wall seconds. Every run must exit 0 and the elastic
+merged output must hold as many rows as the Ray output. Prints per-round
+times, medians, the ratio elastic/ray (target <= 1.15) and a markdown table
+row. Child CPU seconds are printed too: on a shared machine wall times depend
+on what else runs.
+
+Not collected by pytest (file name does not match test_*.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+TARGET = 1.15
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PIP_NO_INDEX": "1",
+           "UV_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
+DJ_PROCESS = str(Path(sys.executable).parent / "dj-process")
+PROCESS = [{"whitespace_normalization_mapper": None},
+           {"text_length_filter": {"min_len": 10, "max_len": 10000}}]
+
+
+def generate(path: Path, rows: int) -> None:
+    rnd = random.Random(0)
+    words = ["".join(rnd.choice("etaoinshrdlucmfwypvbgkjqxz"[:rnd.randint(8, 26)]) for _ in range(rnd.randint(1, 9)))
+             for _ in range(3000)]
+    with open(path, "w") as f:
+        for i in range(rows):
+            n = rnd.randint(1, 40)  # some rows fall under min_len 10 and are filtered
+            sentence = " ".join(rnd.choice(words) for _ in range(n))
+            if i % 7 == 0:
+                sentence = "  " + sentence.replace(" ", "\u00a0 ", 3) + " \t"  # something for whitespace normalization
+            f.write(json.dumps({"text": sentence.capitalize() + "."}) + "\n")
+
+
+def count_rows(path: Path) -> int:
+    """Lines of a JSONL file, or of all files in Ray's output folder."""
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+    n = 0
+    for f in files:
+        with open(f, "rb") as fh:
+            n += sum(1 for line in fh if line.strip())
+    return n
+
+
+def run(config: Path, cwd: Path, timeout: int) -> tuple[float, float, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("DJ_ELASTIC_DISABLE", "RAY_JOB", "RAY_ADDRESS")}
+    env.update(OFFLINE)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    out = subprocess.run([DJ_PROCESS, "--config", str(config)], cwd=cwd, env=env, capture_output=True, text=True,
+                         timeout=timeout)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    log = out.stdout + out.stderr
+    if out.returncode != 0:
+        sys.exit(f"{config.name}: dj-process exited {out.returncode}\n{log[-5000:]}")
+    return wall, cpu, log
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rows", type=int, default=200_000)
+    ap.add_argument("--shards", type=int, default=16)
+    ap.add_argument("--np", type=int, default=2)
+    ap.add_argument("--dir", type=Path, default=None, help="work directory (default: a fresh temp dir)")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory (job dirs, outputs, logs)")
+    ap.add_argument("--timeout", type=int, default=1800, help="seconds per dj-process run")
+    args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error("--rounds must be >= 1")
+
+    work = args.dir or Path(tempfile.mkdtemp(prefix="dje-b1-"))
+    work.mkdir(parents=True, exist_ok=True)
+    data = work / "data.jsonl"
+    t0 = time.perf_counter()
+    generate(data, args.rows)
+    print(f"generated {args.rows} rows ({data.stat().st_size / 1e6:.1f} MB) in {time.perf_counter() - t0:.1f}s "
+          f"at {data}", flush=True)
+
+    base = {"dataset_path": str(data), "np": args.np, "process": PROCESS}
+    times: dict[str, list[float]] = {"elastic": [], "ray": []}
+    cpus: dict[str, list[float]] = {"elastic": [], "ray": []}
+    try:
+        for r in range(1, args.rounds + 1):
+            rd = work / f"round{r}"
+            rd.mkdir()
+            a = rd / "a.yaml"
+            a.write_text(yaml.safe_dump({"project_name": f"b1-elastic-{r}", **base,
+                                         "export_path": str(rd / "elastic" / "out.jsonl"),
+                                         "executor_type": "elastic_shard",
+                                         "elastic_shard": {"job_dir": str(rd / "job"), "num_shards": args.shards}},
+                                        sort_keys=False))
+            b = rd / "b.yaml"
+            b.write_text(yaml.safe_dump({"project_name": f"b1-ray-{r}", **base,
+                                         "export_path": str(rd / "ray" / "out.jsonl"),
+                                         "executor_type": "ray", "ray_address": "local"}, sort_keys=False))
+            order = [("elastic", a), ("ray", b)] if r % 2 else [("ray", b), ("elastic", a)]
+            for name, cfg in order:
+                wall, cpu, log = run(cfg, rd, args.timeout)
+                (rd / f"{name}.log").write_text(log)
+                times[name].append(wall)
+                cpus[name].append(cpu)
+            n_elastic = count_rows(rd / "elastic" / "out.jsonl")
+            n_ray = count_rows(rd / "ray" / "out.jsonl")
+            if n_elastic != n_ray or n_ray == 0:
+                sys.exit(f"round {r}: elastic wrote {n_elastic} rows, ray wrote {n_ray}")
+            print(f"round {r} ({order[0][0]} first): elastic {times['elastic'][-1]:.1f}s "
+                  f"(cpu {cpus['elastic'][-1]:.1f}s)  ray {times['ray'][-1]:.1f}s (cpu {cpus['ray'][-1]:.1f}s)  "
+                  f"ratio {times['elastic'][-1] / times['ray'][-1]:.3f}  rows out {n_ray}", flush=True)
+    finally:
+        if not args.keep and args.dir is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+    me, mr = statistics.median(times["elastic"]), statistics.median(times["ray"])
+    ce, cr = statistics.median(cpus["elastic"]), statistics.median(cpus["ray"])
+    ratio = me / mr
+    print(f"median wall: elastic {me:.1f}s  ray {mr:.1f}s  ratio elastic/ray {ratio:.3f} (target <= {TARGET})")
+    print(f"median child cpu: elastic {ce:.1f}s  ray {cr:.1f}s  ratio {ce / cr:.3f}")
+    print(f"| B1 | {args.rows} rows, {args.shards} shards, np {args.np}, {args.rounds} rounds | "
+          f"elastic {me:.1f}s / ray {mr:.1f}s | {ratio:.2f} | <= {TARGET} |")
+
+
+if __name__ == "__main__":
+    main()
