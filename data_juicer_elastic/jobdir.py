@@ -295,8 +295,14 @@ class JobDir:
                 raise IntegrityError(f"{self.manifest_path}: shard {i} is named {s.id!r}, expected {shard_id(i, n)!r}")
             if s.path != f"shards/{s.id}.jsonl":
                 raise IntegrityError(f"{self.manifest_path}: shard {s.id} path {s.path!r} is not shards/{s.id}.jsonl")
-        # each shard file is confined again when it is opened (shard_file); a 10,000-shard status stays cheap
-        self.confine("shards", "shards folder")
+        # one listing; only links need resolving (each file is confined again when opened, in shard_file)
+        shards_dir = self.confine("shards", "shards folder")
+        links: list[str] = []
+        if shards_dir.is_dir():
+            with os.scandir(shards_dir) as entries:
+                links = sorted(e.name for e in entries if e.is_symlink())
+        for name in links:
+            self.confine(f"shards/{name}", "shard path")
 
     def shard(self, sid: str) -> ShardSpec:
         m = SHARD_ID_RE.match(sid or "")
