@@ -67,13 +67,17 @@ def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05) -> None:
 
 
 def attempt_outcomes(job: JobDir) -> dict[str, list[str]]:
-    """shard -> outcomes of its attempts, in attempt order."""
+    """shard -> outcomes of attempts 1..last, so ``outcomes[n - 1]`` is attempt n's.
+
+    "missing" marks an attempt without a folder or attempt.json (claimed, then killed before it wrote one).
+    """
     result: dict[str, list[str]] = {}
     for shard_dir in sorted(job.attempts_dir.iterdir()):
+        numbers = [int(adir.name) for adir in shard_dir.iterdir()]
         outcomes = []
-        for adir in sorted(shard_dir.iterdir()):
+        for n in range(1, max(numbers, default=0) + 1):
             try:
-                outcomes.append(orjson.loads((adir / "attempt.json").read_bytes())["outcome"])
+                outcomes.append(orjson.loads((job.attempt_dir(shard_dir.name, n) / "attempt.json").read_bytes())["outcome"])
             except FileNotFoundError:
                 outcomes.append("missing")
         result[shard_dir.name] = outcomes
