@@ -37,6 +37,7 @@ class Lease:
     pid: int
     token: str
     path: Path
+    claimed_at: float = 0.0  # the shared filesystem's clock when the lease file was made
 
 
 def lease_name(shard: str, attempt: int) -> str:
@@ -107,10 +108,11 @@ class ClaimStore:
         """Take attempt ``current + 1`` of ``shard``; the caller judged ``current`` free or stale."""
         attempt = current + 1
         token = uuid.uuid4().hex
-        lease = Lease(shard, attempt, self.host, self.pid, token, self.lease_path(shard, attempt))
+        path = self.lease_path(shard, attempt)
         body = {"shard": shard, "attempt": attempt, "host": self.host, "pid": self.pid, "token": token}
-        if not create_exclusive(lease.path, dumps_json(body)):
+        if not create_exclusive(path, dumps_json(body)):
             return None
+        lease = Lease(shard, attempt, self.host, self.pid, token, path, _mtime(path))
         if not self.is_current(lease):  # our listing was old: a later attempt already exists
             return None
         return lease
@@ -128,6 +130,13 @@ class ClaimStore:
             os.utime(lease.path, (RELEASED_MTIME, RELEASED_MTIME))
         except FileNotFoundError:
             pass
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return os.lstat(path).st_mtime
+    except OSError:
+        return 0.0  # unknown: pacing then ignores this attempt
 
 
 class Heartbeat:

@@ -188,6 +188,37 @@ def attempt_config(base: Any, shard_path: str, attempt_dir: str) -> Any:
     return cfg
 
 
+# --------------------------------------------------------------------------- input
+class ShardLoader:
+    """Stands in for RayExecutor's DatasetBuilder: the shard is read once, into Ray's object store.
+
+    For a shard (one local JSONL file; ``dataset:`` configs are refused at
+    parse time, so there are no validators or mixtures) Data-Juicer's builder
+    comes down to the same ``RayDataset.read`` and ``RayDataset(...)`` calls
+    made here. Left lazy, that dataset is read three times per run (a
+    one-row schema probe, the input row count, the processing) and the probe
+    cancels its read task part-way, which makes Ray kill the worker process
+    that ran it: the next task then waits 1-3 s for a fresh worker to import
+    Data-Juicer. Read once and materialised, schema and count are metadata
+    and no task is cancelled. The object store already holds the whole
+    processed shard, since RayExecutor materialises it before export.
+    """
+
+    executor_type = "ray"  # read by RayExecutor.run
+
+    def __init__(self, cfg: Any) -> None:
+        self.cfg = cfg
+
+    def load_dataset(self, **_: Any) -> Any:
+        from data_juicer.core.data.ray_dataset import RayDataset
+
+        read_kwargs: dict[str, Any] = {"override_num_blocks": getattr(self.cfg, "override_num_blocks", None)}
+        if getattr(self.cfg, "read_options", None):
+            read_kwargs["read_options"] = self.cfg.read_options
+        data = RayDataset.read("json", self.cfg.dataset_path, **read_kwargs).materialize()
+        return RayDataset(data, dataset_path=self.cfg.dataset_path, cfg=self.cfg)
+
+
 # --------------------------------------------------------------------------- output
 def part_files(export_dir: Path) -> list[Path]:
     """Ray's part files in write-task order; refuses names it does not recognise."""
@@ -345,7 +376,9 @@ class RayShardRunner:
         configure_ray_data()
         cfg = attempt_config(base, os.path.abspath(shard_path), str(attempt_dir))
         t1 = time.perf_counter()
-        dataset = RayExecutor(cfg).run()
+        executor = RayExecutor(cfg)
+        executor.datasetbuilder = ShardLoader(executor.cfg)
+        dataset = executor.run()
         t2 = time.perf_counter()
         expected = dataset.data.count() if dataset is not None else None
         rows = join_parts(export_path, Path(output_path))

@@ -32,9 +32,10 @@ from .errors import ElasticError, IntegrityError, UserError
 from .identity import hostname
 from .jobdir import JobDir, attempt_name
 from .outputs import inspect_output
+from .pacing import TAIL_LIMIT, BusyWorker, Pace, should_claim
 from .prep_inputs import hash_file
 from .status import failure_message
-from .storage import atomic_write, disk_full_in, dumps_json, no_space_error, publish_once, read_json
+from .storage import atomic_write, disk_full_in, dumps_json, no_space_error, publish_once, read_json, read_record
 
 # Outcomes of an attempt that do not count against the retry budget: the
 # worker was told to stop, it stalled and someone else took the shard, or the disk was full.
@@ -148,10 +149,12 @@ class Worker:
         # Start the scan at a per-process offset so racing workers rarely collide.
         self._offset = zlib.crc32(f"{self.host}:{os.getpid()}".encode()) % len(self.order)
         self.claimed = 0
+        self.pace = Pace()
+        self._waiting = False  # declined to claim at the tail (logged once per stretch)
 
     # scanning ---------------------------------------------------------------
-    def _candidates(self) -> tuple[list[tuple[str, int]], set[str], set[str]]:
-        """Shards that may be claimable now, free ones first, and the done/failed sets."""
+    def _candidates(self) -> tuple[list[tuple[str, int]], list[tuple[str, int]], set[str], set[str]]:
+        """Never-claimed shards, shards with an attempt (live or not), and the done/failed sets."""
         done = self.job.done_ids()
         failed = self.job.failed_ids()
         latest = self.store.latest_attempts()
@@ -161,13 +164,22 @@ class Worker:
             if sid in done or sid in failed:
                 continue
             (held if latest.get(sid) else free).append((sid, latest.get(sid, 0)))
-        return free + held, done, failed
+        return free, held, done, failed
 
     def _claim_next(self) -> tuple[Lease | None, set[str], set[str]]:
-        candidates, done, failed = self._candidates()
+        free, held, done, failed = self._candidates()
         if failed or len(done) == len(self.order):
             return None, done, failed
-        now = None
+        now: float | None = None  # the shared clock, read once and only if a held shard is looked at
+        if len(free) > TAIL_LIMIT:  # far from the tail: liveness is checked lazily below
+            candidates = free + held
+        else:
+            now = self.store.now() if held else 0.0
+            busy = [(sid, n) for sid, n in held if self.store.is_live(sid, n, now)]
+            live = {sid for sid, _ in busy}
+            candidates = free + [(sid, n) for sid, n in held if sid not in live]
+            if candidates and not self._my_turn(len(candidates), busy, now):
+                return None, done, failed
         for sid, current in candidates:
             if current:
                 now = self.store.now() if now is None else now
@@ -184,6 +196,24 @@ class Worker:
                 continue
             return lease, done, failed
         return None, done, failed
+
+    def _my_turn(self, claimable: int, busy: list[tuple[str, int]], now: float) -> bool:
+        """Tail pacing (see ``pacing``): False while faster busy workers would finish every claimable shard first."""
+        if self.pace.seconds is None:
+            return True
+        workers = []
+        for sid, attempt in busy:
+            info = read_record(self.job.attempt_dir(sid, attempt) / "attempt.json")
+            pace, claimed_at = info.get("pace"), info.get("claimed_at")
+            if isinstance(pace, (int, float)) and isinstance(claimed_at, (int, float)) and claimed_at > 0 \
+                    and not info.get("final"):
+                workers.append(BusyWorker(float(pace), max(now - claimed_at, 0.0)))
+        turn = should_claim(self.pace.seconds, workers, claimable)
+        if not turn and not self._waiting:
+            self.log(f"leaving the last {claimable} shard(s) to faster workers "
+                     f"(this one takes {self.pace.seconds:.1f}s per shard)")
+        self._waiting = not turn
+        return turn
 
     # running ------------------------------------------------------------------
     def run(self) -> WorkerResult:
@@ -216,7 +246,7 @@ class Worker:
                         time.sleep(self.policy.poll_interval_secs)
                         continue
                     self.claimed += 1
-                    outcome = self._run_attempt(lease)
+                    outcome = self._run_attempt(lease, final=self._last_claim(len(result.completed)))
                     if outcome == "done":
                         result.completed.append(lease.shard)
             except Interrupted as exc:
@@ -232,13 +262,23 @@ class Worker:
                 result.exit_code, result.message = exc.exit_code, str(exc)
                 return result
 
-    def _run_attempt(self, lease: Lease) -> str:
+    def _last_claim(self, completed: int) -> bool:
+        """True if this worker's limits let it take no shard after the one it just claimed."""
+        return (self.claim_limit is not None and self.claimed >= self.claim_limit) or (
+            self.max_shards is not None and completed + 1 >= self.max_shards)
+
+    def _run_attempt(self, lease: Lease, final: bool) -> str:
         info = {
             "shard": lease.shard, "attempt": lease.attempt, "host": self.host, "pid": os.getpid(),
             "token": lease.token, "started_at": time.time(), "outcome": "running",
+            "claimed_at": lease.claimed_at, "pace": self.pace.seconds, "final": final,
         }
+        t0 = time.monotonic()
         try:
-            return self._attempt(lease, info)
+            outcome = self._attempt(lease, info)
+            if outcome == "done":
+                self.pace.add(time.monotonic() - t0)
+            return outcome
         except _NoSpace as exc:
             raise self._stop_on_full_disk(lease, info, exc) from exc.error
         except ElasticError:  # a tampered job dir: nothing ran, so the shard is left claimable
