@@ -103,10 +103,7 @@ def failure_count(job: JobDir, shard: str, upto: int) -> int:
                                  "whole number); restore it or run `dj-elastic retry` for the shard again")
     count = 0
     for attempt in range(base + 1, upto + 1):
-        try:
-            outcome = read_json(job.attempt_dir(shard, attempt) / "attempt.json").get("outcome")
-        except (OSError, ValueError):
-            outcome = None  # claimed but never started: lost
+        outcome = read_record(job.attempt_dir(shard, attempt) / "attempt.json").get("outcome")  # None: lost
         if outcome not in NOT_FAILURES and not (outcome in (None, "running") and _released(job, shard, attempt)):
             count += 1
     return count
@@ -172,16 +169,16 @@ class Worker:
             return None, done, failed
         now: float | None = None  # the shared clock, read once and only if a held shard is looked at
         if len(free) > TAIL_LIMIT:  # far from the tail: liveness is checked lazily below
-            candidates = free + held
-        else:
+            candidates, unchecked = free + held, True
+        else:  # every lease checked now: the live ones are the busy workers pacing counts on
             now = self.store.now() if held else 0.0
             busy = [(sid, n) for sid, n in held if self.store.is_live(sid, n, now)]
             live = {sid for sid, _ in busy}
-            candidates = free + [(sid, n) for sid, n in held if sid not in live]
+            candidates, unchecked = free + [(sid, n) for sid, n in held if sid not in live], False
             if candidates and not self._my_turn(len(candidates), busy, now):
                 return None, done, failed
         for sid, current in candidates:
-            if current:
+            if current and unchecked:
                 now = self.store.now() if now is None else now
                 if self.store.is_live(sid, current, now):
                     continue
@@ -422,10 +419,7 @@ class Worker:
 
 def _read_attempt(job: JobDir, sid: str) -> int | None:
     """The attempt the shard's done record names, if there is one."""
-    try:
-        attempt = read_json(job.done_path(sid)).get("attempt")
-    except (OSError, ValueError, AttributeError):
-        return None
+    attempt = read_record(job.done_path(sid)).get("attempt")
     return attempt if type(attempt) is int else None
 
 

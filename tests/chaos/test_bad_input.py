@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import resource
 import stat
 import subprocess
 import sys

@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from ..jobs import REPO, env_with, kill_group, make_job, merge_and_check, check_done_exactly_once, spawn, wait_for, \
+from ..jobs import env_with, kill_group, make_job, merge_and_check, check_done_exactly_once, spawn, wait_for, \
     worker_cmd, attempt_outcomes
 
 pytestmark = pytest.mark.skipif(shutil.which("faketime") is None,

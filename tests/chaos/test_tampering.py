@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import orjson
@@ -20,7 +19,6 @@ from data_juicer_elastic.cli import main as cli_main
 from data_juicer_elastic.status import failure_message
 from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.jobdir import JobDir, Policy
-from data_juicer_elastic.merge import merge
 from data_juicer_elastic.prepare import PrepareRequest, prepare
 from data_juicer_elastic.storage import dumps_json
 from data_juicer_elastic.worker import run_worker
