@@ -32,7 +32,7 @@ from typing import Any
 from .errors import IntegrityError, UserError
 from .storage import dumps_json, read_json
 
-SCHEMA_VERSION = 2  # 2: the manifest carries its digest
+SCHEMA_VERSION = 3  # 2: the manifest carries its digest; 3: inputs fingerprinted per source range
 SHARD_ID_RE = re.compile(r"^part-(\d{5})-of-(\d{5})$")
 
 
@@ -46,13 +46,16 @@ def attempt_name(attempt: int) -> str:
 
 @dataclass(frozen=True)
 class InputFile:
-    """One input file as prepare saw it (path relative to the dataset root)."""
+    """One input file as prepare saw it (path relative to the dataset root).
+
+    Its content is fingerprinted by the sha256 of each of its source ranges
+    (``ShardSource.sha256``), taken in prepare's one read of the file.
+    """
 
     path: str
     size: int
     mtime_ns: int
     rows: int
-    sha256: str
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,7 @@ class ShardSource:
     start: int
     end: int
     first_line: int  # 1-based line number of the range's first line in ``file``
+    sha256: str  # of the range's lines as read, each ending in a newline (one is added at a file's end)
 
 
 @dataclass(frozen=True)

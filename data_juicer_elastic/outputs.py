@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import IntegrityError
-from .prep_jsonl import LineProblem, check_objects
+from .prep_jsonl import LineProblem, check_objects, split_lines
 
 BLOCK = 16 << 20
 
@@ -36,9 +36,7 @@ def inspect_output(path: str | Path) -> OutputDigest:
         while block := f.read(BLOCK):
             digest.update(block)
             size += len(block)
-            data = tail + block
-            cut = data.rfind(b"\n") + 1
-            lines, tail = data[:cut].split(b"\n")[:-1], data[cut:]
+            lines, tail = split_lines(tail + block if tail else block)
             _check_lines(lines, path, rows + 1)
             rows += len(lines)
     if tail:

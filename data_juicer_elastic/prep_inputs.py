@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import errno
 import gzip
-import hashlib
 import os
 import stat
-import threading
 import zlib
 from dataclasses import dataclass
 from pathlib import PurePosixPath
@@ -186,25 +184,23 @@ def changed_error(spec: InputSpec, now: Fingerprint | None = None) -> UserError:
 
 @dataclass(frozen=True)
 class Materialised:
-    """The plain bytes prepare reads for one input, plus the original file's hash when known."""
+    """The plain bytes prepare reads for one input."""
 
     data_path: str
     data_size: int
-    sha256: str | None  # of the original (compressed) file; None for plain files (hashed later)
 
 
 def materialise(spec: InputSpec, dest: str) -> Materialised:
     """Plain inputs are read in place; compressed ones are decompressed to ``dest`` once."""
     if spec.codec is None:
-        return Materialised(spec.path, spec.seen.size, None)
-    digest = hashlib.sha256()
+        return Materialised(spec.path, spec.seen.size)
     try:
         raw = open(spec.path, "rb")
     except OSError as exc:
         raise _unreadable(spec.path, exc) from exc
     with raw, open(dest, "wb") as out:
         try:
-            size = _copy(_decompressor(spec.codec, _HashingReader(raw, digest)), out)
+            size = _copy(_decompressor(spec.codec, raw), out)
         except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
             raise _corrupt(spec, exc) from exc
         except OSError:
@@ -215,7 +211,7 @@ def materialise(spec: InputSpec, dest: str) -> Materialised:
             raise
     if size == 0:
         raise UserError(f"{spec.path}: decompresses to nothing; add rows (one JSON object per line) or remove it")
-    return Materialised(dest, size, digest.hexdigest())
+    return Materialised(dest, size)
 
 
 def _corrupt(spec: InputSpec, exc: BaseException) -> UserError:
@@ -240,38 +236,3 @@ def _copy(reader: BinaryIO, out: BinaryIO) -> int:
         out.write(block)
         size += len(block)
     return size
-
-
-class _HashingReader:
-    """File wrapper that hashes the compressed bytes as the decompressor pulls them."""
-
-    def __init__(self, raw: BinaryIO, digest: hashlib._Hash) -> None:
-        self.raw, self.digest = raw, digest
-
-    def read(self, n: int = -1) -> bytes:
-        data = self.raw.read(n)
-        self.digest.update(data)
-        return data
-
-    def readable(self) -> bool:
-        return True
-
-    @property
-    def name(self) -> str:
-        return str(getattr(self.raw, "name", "input"))
-
-
-def hash_file(path: str, stop: threading.Event | None = None) -> tuple[str, int]:
-    """sha256 and byte count of a file, read in large blocks into one reused buffer.
-
-    Returns early (with a partial count) once ``stop`` is set: prepare failed elsewhere.
-    """
-    digest = hashlib.sha256()
-    buf = bytearray(BLOCK)
-    view = memoryview(buf)
-    total = 0
-    with open(path, "rb", buffering=0) as f:
-        while (n := f.readinto(buf)) and not (stop and stop.is_set()):
-            digest.update(view[:n])
-            total += n
-    return digest.hexdigest(), total

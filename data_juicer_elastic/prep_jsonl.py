@@ -1,6 +1,7 @@
 """Strict JSONL validation and row normalisation, a block of lines at a time.
 
-Every line must be one UTF-8 JSON object. The common case is checked with a
+Every line must be one UTF-8 JSON object. Lines are handed around with their
+newline (``split_lines``); orjson takes it as trailing whitespace. The common case is checked with a
 chain of C-level calls (``map(orjson.loads)`` -> ``dict.keys`` -> key test)
 that keeps no row alive, so a block costs about one orjson parse. Only when
 that fails is the block walked line by line, to name the first bad line and
@@ -11,6 +12,7 @@ other lines keep their bytes.
 
 from __future__ import annotations
 
+import io
 import os
 from collections import deque
 from dataclasses import dataclass
@@ -45,8 +47,24 @@ class RowRules:
         return frozenset(self.media_keys)
 
 
+def split_lines(block: bytes) -> tuple[list[bytes], bytes]:
+    """The complete lines of ``block``, each with its newline, and the unterminated rest.
+
+    ``BytesIO.readlines`` finds newlines with memchr: it takes about half the
+    time of ``bytes.split(b"\\n")``, whose one-byte loop showed up as the
+    largest single cost of prepare's shard tasks.
+    """
+    lines = io.BytesIO(block).readlines()
+    if lines and not lines[-1].endswith(b"\n"):
+        rest = lines.pop()
+        return lines, rest
+    return lines, b""
+
+
 def process_lines(lines: list[bytes], rules: RowRules, first_row: int) -> list[bytes] | None:
-    """Validate ``lines``; return replacement lines if any row changed, None to keep the raw bytes.
+    """Validate ``lines`` (each ending in a newline); return replacement lines if any row changed.
+
+    None means every line keeps its raw bytes.
 
     ``first_row`` is the global row index of ``lines[0]`` (used for index keys).
     Raises LineProblem for the first invalid line.
@@ -62,7 +80,7 @@ def process_lines(lines: list[bytes], rules: RowRules, first_row: int) -> list[b
         if _normalise(row, rules, i, first_row + i):
             if out is None:
                 out = list(lines)
-            out[i] = orjson.dumps(row)
+            out[i] = orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE)
     return out
 
 
@@ -101,7 +119,7 @@ def _process_each(lines: list[bytes], rules: RowRules, first_row: int) -> list[b
         if _normalise(row, rules, i, first_row + i):
             if out is None:
                 out = list(lines)
-            out[i] = orjson.dumps(row)
+            out[i] = orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE)
     return out
 
 
@@ -140,6 +158,8 @@ def is_absolute(path: str) -> bool:
 
 def diagnose(line: bytes) -> str | None:
     """Why ``line`` is not one JSON object (None if it is one): the what and the fix."""
+    if line.endswith(b"\n"):
+        line = line[:-1]  # so orjson's positions read "line 1 column N", as the user counts them
     if line.startswith(BOM):
         return "starts with a UTF-8 byte order mark (BOM); save the file as UTF-8 without BOM"
     if not line.strip(_WHITESPACE):

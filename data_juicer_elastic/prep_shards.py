@@ -5,7 +5,10 @@ is a plain picklable dataclass or a top-level function. A task reads its
 ranges with ``pread`` in 1 MB blocks (cache-sized: split and parse stay in
 cache; measured faster than 8-16 MB blocks), validates each block of lines
 (prep_jsonl), writes the lines (raw bytes unless a row changed) and hashes
-what it wrote, in one pass.
+what it wrote, in one pass. The same pass fingerprints the input: each
+range's sha256 is taken over the lines read (each ending in a newline). While
+those equal what was written, one hash serves both; a second one starts only
+for a shard's later ranges, or from the first rewritten row on.
 Bad input is returned, not raised, with the range and the line inside it; the
 parent turns that into ``file:line``.
 """
@@ -20,7 +23,7 @@ from typing import Any
 
 from .bulk_write import BulkWriter
 from .errors import UserError
-from .prep_jsonl import LineProblem, RowRules, process_lines
+from .prep_jsonl import LineProblem, RowRules, process_lines, split_lines
 
 BLOCK = 1 << 20
 
@@ -71,6 +74,7 @@ class ShardOutcome:
     bytes: int
     sha256: str
     range_rows: tuple[int, ...]
+    range_sha256: tuple[str, ...] = ()  # of each range's input lines, newline-terminated
     bad: BadLine | None = None
 
 
@@ -81,41 +85,60 @@ class _ShortRead(Exception):
 def write_shard(task: ShardTask) -> ShardOutcome:
     digest = hashlib.sha256()
     out = BulkWriter(task.out_path)
+    range_rows: list[int] = []
+    range_sha: list[str] = []
     try:
-        range_rows, bad = _write_ranges(task, out, digest)
+        bad = _write_ranges(task, out, digest, range_rows, range_sha)
     except BaseException:
-        out.close(fsync=False)
+        out.abandon()  # the staging folder goes with it
         raise
     out.close(fsync=task.fsync and bad is None)  # a bad shard is thrown away with the staging folder
-    return ShardOutcome(task.index, sum(range_rows), out.size, digest.hexdigest(), tuple(range_rows), bad)
+    return ShardOutcome(
+        task.index, sum(range_rows), out.size, digest.hexdigest(), tuple(range_rows), tuple(range_sha), bad
+    )
 
 
-def _write_ranges(task: ShardTask, out: BulkWriter, digest: Any) -> tuple[list[int], BadLine | None]:
-    range_rows: list[int] = []
+def _write_ranges(
+    task: ShardTask, out: BulkWriter, digest: Any, range_rows: list[int], range_sha: list[str]
+) -> BadLine | None:
+    """Fill ``range_rows`` and ``range_sha`` range by range; the first bad line stops it."""
     row = task.first_row
     for r_index, rng in enumerate(task.ranges):
         rows = 0
+        source = digest if r_index == 0 else hashlib.sha256()  # shared while input == output
         try:
             for lines, raw in _chunks(rng.data_path, rng.start, rng.end):
                 changed = process_lines(lines, rng.rules, row)
-                for part in raw if changed is None else (b"\n".join(changed), b"\n"):
+                if changed is None:
+                    for part in raw:
+                        digest.update(part)
+                        out.write(part)
+                        if source is not digest:
+                            source.update(part)
+                else:
+                    if source is digest:
+                        source = digest.copy()  # from here on, what is written differs from what was read
+                    for part in raw:
+                        source.update(part)
+                    part = b"".join(changed)
                     digest.update(part)
                     out.write(part)
                 rows += len(lines)
                 row += len(lines)
         except LineProblem as exc:
-            return range_rows, BadLine(r_index, rows + exc.index, exc.message)
+            return BadLine(r_index, rows + exc.index, exc.message)
         except _ShortRead:
-            return range_rows, BadLine(r_index, -1, "the file got shorter while prepare read it")
+            return BadLine(r_index, -1, "the file got shorter while prepare read it")
         range_rows.append(rows)
-    return range_rows, None
+        range_sha.append(source.hexdigest())
+    return None
 
 
 def _chunks(path: str, start: int, end: int) -> Iterator[tuple[list[bytes], list[bytes | memoryview]]]:
-    """Complete lines of [start, end), a block at a time, with the raw bytes they came from.
+    """Complete lines of [start, end) (each with its newline), a block at a time, with their raw bytes.
 
-    ``raw`` concatenated equals the lines each followed by b"\\n"; a last line
-    without its newline (file end) gets one added.
+    ``raw`` concatenated equals the lines concatenated; a last line without
+    its newline (file end) gets one added.
     """
     carry: list[bytes] = []
     fd = os.open(path, os.O_RDONLY)
@@ -127,13 +150,11 @@ def _chunks(path: str, start: int, end: int) -> Iterator[tuple[list[bytes], list
                 raise _ShortRead
             pos += len(block)
             _advance(len(block))
-            cut = block.rfind(b"\n")
-            if cut < 0:
+            lines, tail = split_lines(block)
+            if not lines:
                 carry.append(block)
                 continue
-            lines = block.split(b"\n")
-            tail = lines.pop()
-            raw: list[bytes | memoryview] = [memoryview(block)[: cut + 1]]
+            raw: list[bytes | memoryview] = [memoryview(block)[: len(block) - len(tail)]]
             if carry:
                 lines[0] = b"".join(carry) + lines[0]
                 raw = [*carry, *raw]
@@ -143,7 +164,7 @@ def _chunks(path: str, start: int, end: int) -> Iterator[tuple[list[bytes], list
         os.close(fd)
     if carry:
         line = b"".join(carry)
-        yield [line], [line, b"\n"]
+        yield [line + b"\n"], [line, b"\n"]
 
 
 def count_rows(path: str, start: int, end: int) -> int:

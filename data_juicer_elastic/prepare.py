@@ -4,8 +4,9 @@ The job directory is built whole in a staging folder beside it and renamed
 into place, so it appears complete or not at all. The input is read once:
 shard boundaries come from file sizes plus a few small seeks (prep_split),
 then each shard's byte ranges are validated, normalised, written and hashed
-in one pass, one shard per worker process (prep_shards), while a thread
-hashes the input files. Repeating an identical request is a cheap no-op
+in one pass, one shard per worker (prep_shards); the same pass gives each
+input range's sha256, and a stat of every input before and after tells a
+changed input. Repeating an identical request is a cheap no-op
 (stat only); a different one is refused with what differs.
 """
 
@@ -16,11 +17,10 @@ import hashlib
 import os
 import shutil
 import socket
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from concurrent.futures import FIRST_COMPLETED, Executor, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,6 @@ from .prep_inputs import (
     changed_error,
     check_unchanged,
     discover,
-    hash_file,
     materialise,
 )
 from .prep_jsonl import RowRules
@@ -291,12 +290,11 @@ class _Build:
             stream, pieces = self._plan(mats)
             tasks = self._tasks(pool, mats, pieces)
             futures = [pool.submit(write_shard, t) for t in tasks]
-            plain = {i: s.path for i, s in enumerate(self.inputs) if s.codec is None}
-            with _Hashes(plain) as hashes:
-                outcomes = _collect(futures, counter, stream.total, self.progress)
-                self._raise_bad_line(outcomes, tasks, mats)
-                digests = self._digests(mats, hashes.results())
-        manifest = self._manifest(pieces, outcomes, digests)  # type: ignore[arg-type]  # no None left
+            outcomes = _collect(futures, counter, stream.total, self.progress)
+            self._raise_bad_line(outcomes, tasks, mats)
+        for spec in self.inputs:
+            check_unchanged(spec)
+        manifest = self._manifest(pieces, outcomes)  # type: ignore[arg-type]  # no None left
         self._write_layout(manifest)
         return _Built(manifest, stream.total)
 
@@ -366,27 +364,14 @@ class _Build:
             line = newlines_before(mats[rng.file].data_path, rng.start) + outcome.bad.line_in_range + 1
             raise UserError(f"{spec.path}:{line}: {outcome.bad.message}")
 
-    def _digests(self, mats: list[Materialised], hashes: dict[int, tuple[str, int]]) -> list[str]:
-        """sha256 per input, after checking no input changed while it was read."""
-        out = []
-        for i, (spec, mat) in enumerate(zip(self.inputs, mats)):
-            if i in hashes:
-                sha, nbytes = hashes[i]
-                check_unchanged(spec, nbytes)
-            else:
-                sha = mat.sha256 or ""
-                check_unchanged(spec)
-            out.append(sha)
-        return out
-
-    def _manifest(self, pieces: list[list[Piece]], outcomes: list[ShardOutcome], digests: list[str]) -> Manifest:
+    def _manifest(self, pieces: list[list[Piece]], outcomes: list[ShardOutcome]) -> Manifest:
         n = len(pieces)
         file_rows = [0] * len(self.inputs)
         shards, row = [], 0
         for i, (ps, outcome) in enumerate(zip(pieces, outcomes)):
             sources = []
-            for p, rows in zip(ps, outcome.range_rows):
-                sources.append(ShardSource(self.inputs[p.file].rel, p.start, p.end, file_rows[p.file] + 1))
+            for p, rows, sha in zip(ps, outcome.range_rows, outcome.range_sha256):
+                sources.append(ShardSource(self.inputs[p.file].rel, p.start, p.end, file_rows[p.file] + 1, sha))
                 file_rows[p.file] += rows
             sid = shard_id(i, n)
             shards.append(
@@ -394,8 +379,7 @@ class _Build:
             )
             row += outcome.rows
         files = tuple(
-            InputFile(s.rel, s.seen.size, s.seen.mtime_ns, rows, sha)
-            for s, rows, sha in zip(self.inputs, file_rows, digests)
+            InputFile(s.rel, s.seen.size, s.seen.mtime_ns, rows) for s, rows in zip(self.inputs, file_rows)
         )
         req = self.req
         return Manifest(
@@ -443,27 +427,3 @@ def _collect(futures: list[Future], counter: Counter, total: int, progress: bool
     finally:
         bar.close()
     return [f.result() if f.done() and index[f] <= first_bad else None for f in futures]
-
-
-class _Hashes:
-    """sha256 of the plain inputs, hashed one after another in a background thread.
-
-    hashlib releases the GIL, so this overlaps with the shard workers; on an
-    error the thread is told to stop at its next block.
-    """
-
-    def __init__(self, paths: dict[int, str]) -> None:
-        self._stop = threading.Event()
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="dje-hash")
-        self._futures = {i: self._pool.submit(hash_file, p, self._stop) for i, p in paths.items()}
-
-    def __enter__(self) -> _Hashes:
-        return self
-
-    def results(self) -> dict[int, tuple[str, int]]:
-        return {i: f.result() for i, f in self._futures.items()}
-
-    def __exit__(self, exc_type: object, *_: object) -> None:
-        if exc_type is not None:
-            self._stop.set()
-        self._pool.shutdown(wait=True, cancel_futures=exc_type is not None)

@@ -3,13 +3,15 @@
 Everything that makes a file visible to other nodes goes through here:
 ``atomic_write`` (stage, fsync, rename), ``publish_once`` (first writer wins,
 by ``link``), ``create_exclusive`` (O_CREAT|O_EXCL) and ``server_now`` (the
-shared filesystem's clock, read from the mtime of a file just touched there).
+shared filesystem's clock, read from the mtime of a file just touched there);
+``hash_file`` reads a file back to check it.
 Nothing here knows about jobs or Data-Juicer.
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import socket
 import uuid
@@ -246,3 +248,19 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+HASH_BLOCK = 16 << 20
+
+
+def hash_file(path: str | os.PathLike) -> tuple[str, int]:
+    """sha256 and byte count of a file, read in large blocks into one reused buffer."""
+    digest = hashlib.sha256()
+    buf = bytearray(HASH_BLOCK)
+    view = memoryview(buf)
+    total = 0
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            digest.update(view[:n])
+            total += n
+    return digest.hexdigest(), total

@@ -33,9 +33,17 @@ from .identity import hostname
 from .jobdir import JobDir, attempt_name
 from .outputs import inspect_output
 from .pacing import TAIL_LIMIT, BusyWorker, Pace, should_claim
-from .prep_inputs import hash_file
 from .status import failure_message
-from .storage import atomic_write, disk_full_in, dumps_json, no_space_error, publish_once, read_json, read_record
+from .storage import (
+    atomic_write,
+    disk_full_in,
+    dumps_json,
+    hash_file,
+    no_space_error,
+    publish_once,
+    read_json,
+    read_record,
+)
 
 # Outcomes of an attempt that do not count against the retry budget: the
 # worker was told to stop, it stalled and someone else took the shard, or the disk was full.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from pathlib import Path
 
@@ -42,6 +43,12 @@ def run(req: PrepareRequest, jobs: int | None = 0, **kw) -> tuple[PrepareResult,
 def shard_bytes(job_dir: Path) -> list[bytes]:
     job = JobDir(job_dir)
     return [job.shard_file(s.id).read_bytes() for s in job.manifest().shards]
+
+
+def slow_pid(seconds: float) -> int:
+    """A pool task that takes a while, saying which process ran it."""
+    time.sleep(seconds)
+    return os.getpid()
 
 
 def lines_of(data: bytes) -> list[dict]:

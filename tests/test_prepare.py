@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import hashlib
 import io
@@ -18,7 +19,7 @@ from data_juicer_elastic.jobdir import JobDir
 from data_juicer_elastic.prep_inputs import check_unchanged, discover
 from data_juicer_elastic.progress import ProgressBar
 
-from .prep_helpers import RECIPE, lines_of, request, run, shard_bytes, text_rows, write_rows
+from .prep_helpers import RECIPE, lines_of, request, run, shard_bytes, slow_pid, text_rows, write_rows
 
 
 @pytest.fixture
@@ -44,7 +45,6 @@ def test_layout_and_manifest(tmp_path: Path, data: Path) -> None:
     [f] = m.files
     st = data.stat()
     assert (f.path, f.size, f.mtime_ns, f.rows) == ("data.jsonl", st.st_size, st.st_mtime_ns, 200)
-    assert f.sha256 == hashlib.sha256(raw).hexdigest()
     assert m.recipe_sha256 == hashlib.sha256(RECIPE).hexdigest()
     assert m.versions == {"data_juicer": "1.6.1", "data_juicer_elastic": "0.1.0"}
     assert m.policy.num_shards == 3 and m.total_rows == 200 and m.total_bytes == len(raw)
@@ -56,6 +56,7 @@ def test_layout_and_manifest(tmp_path: Path, data: Path) -> None:
         assert spec.rows == data_bytes.count(b"\n") and spec.first_row == first
         [src] = spec.sources
         assert src.file == "data.jsonl" and raw[src.start : src.end] == data_bytes
+        assert src.sha256 == spec.sha256  # one range, nothing rewritten: the input's digest is the shard's
         assert src.first_line == first + 1
         first += spec.rows
     assert (job_dir / "manifest.json").read_bytes() == __import__(
@@ -92,6 +93,32 @@ def _manifest_minus_time(job_dir: Path) -> dict:
     d = orjson.loads((job_dir / "manifest.json").read_bytes())
     d.pop("created_at")
     return d
+
+
+@pytest.mark.parametrize("jobs", [0, 3])
+def test_source_digests_fingerprint_the_input_as_read(tmp_path: Path, jobs: int) -> None:
+    """Each source range's sha256 is of the input lines, whatever was rewritten and however shards cut files."""
+    root = tmp_path / "ds"
+    write_rows(root / "a.jsonl", text_rows(50) + [{"text": "m", "images": ["rel.png"]}] + text_rows(50, 50))
+    write_rows(root / "b.jsonl", text_rows(7, 200), newline_at_end=False)
+    write_rows(root / "c.jsonl", [{"images": ["x.png"]}] + text_rows(90, 300))
+    result, _ = run(request(root, tmp_path / "job", 5), jobs=jobs)
+    sources = [src for spec in result.manifest.shards for src in spec.sources]
+    assert any(len(spec.sources) > 1 for spec in result.manifest.shards)  # a shard spans files
+    for src in sources:
+        raw = (root / src.file).read_bytes()[src.start : src.end]
+        assert src.sha256 == hashlib.sha256(raw if raw.endswith(b"\n") else raw + b"\n").hexdigest()
+    files = {f.path: f for f in result.manifest.files}
+    for name in ("a.jsonl", "b.jsonl", "c.jsonl"):  # a file's ranges cover it exactly
+        mine = [s for s in sources if s.file == name]
+        assert mine[0].start == 0 and mine[-1].end == files[name].size
+        assert all(x.end == y.start for x, y in zip(mine, mine[1:]))
+    rewritten = [s for s in result.manifest.shards if any(b"/rel.png" in line for line in _lines(tmp_path / "job", s))]
+    assert rewritten and rewritten[0].sources[0].sha256 != rewritten[0].sha256
+
+
+def _lines(job_dir: Path, spec: object) -> list[bytes]:
+    return (job_dir / spec.path).read_bytes().splitlines()  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("jobs", [0, 2])
@@ -247,7 +274,7 @@ def test_bad_line_deep_in_a_later_file_and_shard(tmp_path: Path, jobs: int) -> N
     (root / "b.jsonl").write_bytes(b"\n".join(rows) + b"\n")
     rows[100] = b"[]"  # an earlier bad line in the same file wins
     (root / "c.jsonl").write_bytes(b"\n".join(rows) + b"\n")
-    with pytest.raises(UserError, match=rf"{root / 'b.jsonl'}:334: not valid JSON"):
+    with pytest.raises(UserError, match=rf"{root / 'b.jsonl'}:334: not valid JSON \(.*line 1 column 18"):
         run(request(root, tmp_path / "job", 9), jobs=jobs)
     assert not (tmp_path / "job").exists()
 
@@ -399,7 +426,7 @@ def test_compressed_inputs_match_plain(tmp_path: Path) -> None:
     # byte ranges refer to the decompressed stream, so the split is the same; only the media base differs
     assert [s.sources for s in r1.manifest.shards] == [
         tuple(
-            src.__class__(src.file.replace(".gz", "").replace(".zst", ""), src.start, src.end, src.first_line)
+            dataclasses.replace(src, file=src.file.replace(".gz", "").replace(".zst", ""))
             for src in s.sources
         )
         for s in r2.manifest.shards
@@ -408,7 +435,6 @@ def test_compressed_inputs_match_plain(tmp_path: Path) -> None:
     assert {"images": [f"{packed}/p.png"]} in lines_of(b"".join(a2))
     f2 = {f.path: f for f in r2.manifest.files}
     gz = packed / "a.jsonl.gz"
-    assert f2["a.jsonl.gz"].sha256 == hashlib.sha256(gz.read_bytes()).hexdigest()
     assert f2["a.jsonl.gz"].size == gz.stat().st_size and f2["a.jsonl.gz"].rows == 40
     assert not list(tmp_path.glob("**/.inputs"))
 
@@ -549,7 +575,7 @@ def test_plan_properties(tmp_path: Path, files: list[list[int]], last_newline: b
 def test_child_pool_reports_errors_and_dead_workers() -> None:
     from data_juicer_elastic.prep_pool import ChildPool, Counter
 
-    with ChildPool(2, Counter()) as pool:
+    with ChildPool(2, Counter(), work_here=False) as pool:  # every task in a child: one of them exits
         ok = pool.submit(divmod, 7, 2)
         bad = pool.submit(int, "not a number")
         assert ok.result(timeout=60) == (3, 1)
@@ -560,13 +586,21 @@ def test_child_pool_reports_errors_and_dead_workers() -> None:
             dead.result(timeout=60)
 
 
-def test_pool_falls_back_to_inline_without_a_python(
-    tmp_path: Path, data: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from data_juicer_elastic.prep_pool import Counter, InlinePool, make_pool
+def test_child_pool_shares_work_between_this_process_and_children() -> None:
+    from data_juicer_elastic.prep_pool import ChildPool, Counter
+
+    with ChildPool(2, Counter()) as pool:
+        pids = [f.result(timeout=60) for f in [pool.submit(slow_pid, 0.2) for _ in range(12)]]
+    assert os.getpid() in pids and len(set(pids)) == 3
+
+
+def test_pool_works_here_without_a_python(tmp_path: Path, data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from data_juicer_elastic.prep_pool import ChildPool, Counter, make_pool
 
     monkeypatch.setattr("sys.executable", str(tmp_path / "no-python-here"))
-    with make_pool(2, Counter()) as pool:
-        assert isinstance(pool, InlinePool)
+    with make_pool(3, Counter()) as pool:
+        assert isinstance(pool, ChildPool) and pool.submit(divmod, 7, 2).result(timeout=60) == (3, 1)
+    with pytest.raises(OSError):
+        ChildPool(2, Counter(), work_here=False)
     result, _ = run(request(data, tmp_path / "job", 3), jobs=2)
     assert result.created and result.rows == 200
