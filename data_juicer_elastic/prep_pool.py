@@ -23,7 +23,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable
-from concurrent.futures import Executor, Future
+from concurrent.futures import CancelledError, Executor, Future
 from typing import Any, BinaryIO
 
 from . import prep_shards
@@ -75,13 +75,16 @@ class ChildPool(Executor):
     This process starts on the tasks at once; each child joins once it has
     started and imported (about 0.07 s), so start-up is hidden behind work.
     A child that cannot start just takes no tasks: slower, still correct
-    (e.g. an embedded interpreter with no usable ``sys.executable``).
+    (e.g. an embedded interpreter with no usable ``sys.executable``). On a
+    cancelling shutdown children are terminated and a shard task running in
+    this process stops at its next block (through the progress hook).
     """
 
     def __init__(self, children: int, counter: Counter, *, work_here: bool = True) -> None:
         self.counter = counter
         self._tasks: queue.Queue = queue.Queue()
         self._children: list[subprocess.Popen] = []
+        self._cancelled = False
         for _ in range(children):
             try:
                 self._children.append(_start_child())
@@ -112,13 +115,20 @@ class ChildPool(Executor):
         return None
 
     def _work_here(self) -> None:
-        prep_shards.set_progress_hook(self.counter.add)  # this is the only thread here that runs tasks
+        prep_shards.set_progress_hook(self._progress_here)  # this is the only thread here that runs tasks
         while (item := self._next()) is not None:
             fut, fn, args = item
             try:
                 fut.set_result(fn(*args))
             except BaseException as exc:  # noqa: BLE001 - the task's failure belongs to its future
                 fut.set_exception(exc)
+        prep_shards.set_progress_hook(None)
+
+    def _progress_here(self, nbytes: int) -> None:
+        """Called per block by a task running in this process: where it stops once the pool is cancelled."""
+        if self._cancelled:
+            raise CancelledError("prepare stopped")
+        self.counter.add(nbytes)
 
     def _feed(self, child: subprocess.Popen) -> None:
         try:
@@ -155,6 +165,7 @@ class ChildPool(Executor):
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         if cancel_futures:
+            self._cancelled = True  # a task running here stops at its next block; children are terminated
             self._cancel_pending()
         for _ in self._threads:
             self._tasks.put(None)

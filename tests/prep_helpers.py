@@ -51,6 +51,15 @@ def slow_pid(seconds: float) -> int:
     return os.getpid()
 
 
+def endless_task() -> None:
+    """A pool task that reads "blocks" until the pool stops it."""
+    from data_juicer_elastic import prep_shards
+
+    while True:
+        prep_shards._advance(1 << 20)
+        time.sleep(0.01)
+
+
 def lines_of(data: bytes) -> list[dict]:
     return [orjson.loads(line) for line in data.splitlines()]
 

@@ -7,6 +7,8 @@ import gzip
 import hashlib
 import io
 import os
+import time
+from concurrent.futures import CancelledError
 from pathlib import Path
 
 import orjson
@@ -19,7 +21,7 @@ from data_juicer_elastic.jobdir import JobDir
 from data_juicer_elastic.prep_inputs import check_unchanged, discover
 from data_juicer_elastic.progress import ProgressBar
 
-from .prep_helpers import RECIPE, lines_of, request, run, shard_bytes, slow_pid, text_rows, write_rows
+from .prep_helpers import RECIPE, endless_task, lines_of, request, run, shard_bytes, slow_pid, text_rows, write_rows
 
 
 @pytest.fixture
@@ -592,6 +594,25 @@ def test_child_pool_shares_work_between_this_process_and_children() -> None:
     with ChildPool(2, Counter()) as pool:
         pids = [f.result(timeout=60) for f in [pool.submit(slow_pid, 0.2) for _ in range(12)]]
     assert os.getpid() in pids and len(set(pids)) == 3
+
+
+def test_cancelling_the_pool_stops_the_task_running_in_this_process() -> None:
+    """After a bad line elsewhere, prepare must not wait for a long shard here to finish."""
+    import threading
+
+    from data_juicer_elastic.prep_pool import ChildPool, Counter
+
+    pool = ChildPool(0, Counter())
+    task = pool.submit(endless_task)
+    deadline = time.monotonic() + 30
+    while not task.running() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    stopper = threading.Thread(target=pool.shutdown, kwargs={"cancel_futures": True})
+    stopper.start()
+    stopper.join(timeout=30)
+    assert not stopper.is_alive(), "shutdown waited for the running task"
+    with pytest.raises(CancelledError):
+        task.result(timeout=1)
 
 
 def test_pool_works_here_without_a_python(tmp_path: Path, data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
