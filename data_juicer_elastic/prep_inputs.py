@@ -162,16 +162,13 @@ def _unreadable(path: str, exc: OSError) -> UserError:
     return UserError(f"{path}: cannot be read ({exc.strerror}); make it readable (chmod) or remove it")
 
 
-def check_unchanged(spec: InputSpec, hashed_bytes: int | None = None) -> None:
-    """Refuse an input whose size, mtime or inode moved while prepare read it.
-
-    ``hashed_bytes`` is how much the hashing pass read; it must equal the size seen at discovery.
-    """
+def check_unchanged(spec: InputSpec) -> None:
+    """Refuse an input whose size, mtime or inode moved while prepare read it (a stat after the read)."""
     try:
         now = Fingerprint.of(spec.path)
     except OSError as exc:
         raise _unreadable(spec.path, exc) from exc
-    if now != spec.seen or (hashed_bytes is not None and hashed_bytes != spec.seen.size):
+    if now != spec.seen:
         raise changed_error(spec, now)
 
 

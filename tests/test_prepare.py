@@ -465,9 +465,7 @@ def test_bad_line_in_compressed_input_names_decompressed_line(tmp_path: Path) ->
 def test_input_changed_while_reading_is_refused(tmp_path: Path, data: Path) -> None:
     dataset = discover(str(data))
     [spec] = dataset.inputs
-    check_unchanged(spec, spec.seen.size)  # unchanged: fine
-    with pytest.raises(UserError, match="changed while prepare read it"):
-        check_unchanged(spec, spec.seen.size - 1)  # the hashing pass saw fewer bytes
+    check_unchanged(spec)  # unchanged: fine
     with open(data, "ab") as f:
         f.write(GOOD)
     with pytest.raises(UserError, match=rf"{data}: changed while prepare read it \(size"):
