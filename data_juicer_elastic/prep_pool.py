@@ -45,35 +45,16 @@ class Counter:
 
 
 def make_pool(jobs: int, counter: Counter) -> Executor:
-    """``jobs`` workers: a thread of this process plus ``jobs - 1`` child processes (inline for 0 or 1)."""
-    if jobs > 1:
-        return ChildPool(jobs - 1, counter)
-    return InlinePool(counter)
-
-
-class InlinePool(Executor):
-    """Runs each task at submit time: small inputs skip process start-up."""
-
-    def __init__(self, counter: Counter) -> None:
-        self.counter = counter
-
-    def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> Future:  # type: ignore[override]
-        fut: Future = Future()
-        prep_shards.set_progress_hook(self.counter.add)
-        try:
-            fut.set_result(fn(*args, **kwargs))
-        except Exception as exc:  # noqa: BLE001 - delivered through the future, as a pool would
-            fut.set_exception(exc)
-        finally:
-            prep_shards.set_progress_hook(None)
-        return fut
+    """``jobs`` workers: a thread of this process plus ``jobs - 1`` child processes (0 or 1: the thread alone)."""
+    return ChildPool(max(jobs - 1, 0), counter)
 
 
 class ChildPool(Executor):
     """A thread of this process and ``children`` child processes take tasks from one queue.
 
     This process starts on the tasks at once; each child joins once it has
-    started and imported (about 0.07 s), so start-up is hidden behind work.
+    started and imported (about 0.07 s), so start-up is hidden behind work,
+    and small inputs start no child at all.
     A child that cannot start just takes no tasks: slower, still correct
     (e.g. an embedded interpreter with no usable ``sys.executable``). On a
     cancelling shutdown children are terminated and a shard task running in
@@ -114,14 +95,18 @@ class ChildPool(Executor):
                 return item
         return None
 
-    def _work_here(self) -> None:
-        prep_shards.set_progress_hook(self._progress_here)  # this is the only thread here that runs tasks
+    def _serve(self, run: Callable[[Callable, tuple], Any]) -> None:
+        """Run tasks with ``run(fn, args)`` until the pool shuts down; each outcome goes to its future."""
         while (item := self._next()) is not None:
             fut, fn, args = item
             try:
-                fut.set_result(fn(*args))
+                fut.set_result(run(fn, args))
             except BaseException as exc:  # noqa: BLE001 - the task's failure belongs to its future
                 fut.set_exception(exc)
+
+    def _work_here(self) -> None:
+        prep_shards.set_progress_hook(self._progress_here)  # this is the only thread here that runs tasks
+        self._serve(lambda fn, args: fn(*args))
         prep_shards.set_progress_hook(None)
 
     def _progress_here(self, nbytes: int) -> None:
@@ -136,12 +121,7 @@ class ChildPool(Executor):
                 raise EOFError("unexpected greeting")
         except (EOFError, OSError):
             return  # it never started: the others take its share
-        while (item := self._next()) is not None:
-            fut, fn, args = item
-            try:
-                fut.set_result(self._run(child, fn, args))
-            except BaseException as exc:  # noqa: BLE001 - the task's failure belongs to its future
-                fut.set_exception(exc)
+        self._serve(lambda fn, args: self._run(child, fn, args))
 
     def _run(self, child: subprocess.Popen, fn: Callable, args: tuple) -> Any:
         try:

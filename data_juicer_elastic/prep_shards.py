@@ -27,7 +27,9 @@ from .prep_jsonl import LineProblem, RowRules, process_lines, split_lines
 
 BLOCK = 1 << 20
 
-_progress: Callable[[int], None] | None = None  # told how many input bytes were read (progress bar)
+# Told how many input bytes were read, once per block (progress bar). It may raise to stop the task:
+# that is how a task running in the preparing process is cancelled (prep_pool).
+_progress: Callable[[int], None] | None = None
 
 
 def set_progress_hook(hook: Callable[[int], None] | None) -> None:
@@ -85,10 +87,8 @@ class _ShortRead(Exception):
 def write_shard(task: ShardTask) -> ShardOutcome:
     digest = hashlib.sha256()
     out = BulkWriter(task.out_path)
-    range_rows: list[int] = []
-    range_sha: list[str] = []
     try:
-        bad = _write_ranges(task, out, digest, range_rows, range_sha)
+        range_rows, range_sha, bad = _write_ranges(task, out, digest)
     except BaseException:
         out.abandon()  # the staging folder goes with it
         raise
@@ -98,40 +98,48 @@ def write_shard(task: ShardTask) -> ShardOutcome:
     )
 
 
-def _write_ranges(
-    task: ShardTask, out: BulkWriter, digest: Any, range_rows: list[int], range_sha: list[str]
-) -> BadLine | None:
-    """Fill ``range_rows`` and ``range_sha`` range by range; the first bad line stops it."""
+def _write_ranges(task: ShardTask, out: BulkWriter, digest: Any) -> tuple[list[int], list[str], BadLine | None]:
+    """Rows and input sha256 of each range, written in order; the first bad line stops it."""
+    range_rows: list[int] = []
+    range_sha: list[str] = []
     row = task.first_row
     for r_index, rng in enumerate(task.ranges):
-        rows = 0
-        source = digest if r_index == 0 else hashlib.sha256()  # shared while input == output
         try:
-            for lines, raw in _chunks(rng.data_path, rng.start, rng.end):
-                changed = process_lines(lines, rng.rules, row)
-                if changed is None:
-                    for part in raw:
-                        digest.update(part)
-                        out.write(part)
-                        if source is not digest:
-                            source.update(part)
-                else:
-                    if source is digest:
-                        source = digest.copy()  # from here on, what is written differs from what was read
-                    for part in raw:
-                        source.update(part)
-                    part = b"".join(changed)
-                    digest.update(part)
-                    out.write(part)
-                rows += len(lines)
-                row += len(lines)
+            rows, sha = _write_range(rng, row, out, digest, shares_digest=r_index == 0)
         except LineProblem as exc:
-            return BadLine(r_index, rows + exc.index, exc.message)
+            return range_rows, range_sha, BadLine(r_index, exc.index, exc.message)
         except _ShortRead:
-            return BadLine(r_index, -1, "the file got shorter while prepare read it")
+            return range_rows, range_sha, BadLine(r_index, -1, "the file got shorter while prepare read it")
         range_rows.append(rows)
-        range_sha.append(source.hexdigest())
-    return None
+        range_sha.append(sha)
+        row += rows
+    return range_rows, range_sha, None
+
+
+def _write_range(
+    rng: SourceRange, first_row: int, out: BulkWriter, digest: Any, shares_digest: bool
+) -> tuple[int, str]:
+    """Write one range, adding what is written to ``digest``; its rows and the sha256 of its lines as read.
+
+    A LineProblem's index counts from the range's first line.
+    """
+    source = digest if shares_digest else hashlib.sha256()  # shared while what is read is what is written
+    rows = 0
+    for lines, raw in _chunks(rng.data_path, rng.start, rng.end):
+        try:
+            changed = process_lines(lines, rng.rules, first_row + rows)
+        except LineProblem as exc:
+            raise LineProblem(rows + exc.index, exc.message) from None
+        if changed is not None and source is digest:
+            source = digest.copy()  # from here on, what is written differs from what was read
+        if source is not digest:
+            for part in raw:
+                source.update(part)
+        for part in raw if changed is None else (b"".join(changed),):
+            digest.update(part)
+            out.write(part)
+        rows += len(lines)
+    return rows, source.hexdigest()
 
 
 def _chunks(path: str, start: int, end: int) -> Iterator[tuple[list[bytes], list[bytes | memoryview]]]:

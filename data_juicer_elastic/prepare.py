@@ -309,7 +309,7 @@ class _Build:
         return stream, [stream.pieces(a, b) for a, b in ranges]
 
     def _job_count(self) -> int:
-        """Worker processes to use; 0 means run in this process."""
+        """Workers to use, this process included; 0 or 1 means this process alone."""
         n = self.req.policy.num_shards
         if self.jobs is not None:
             return max(0, min(self.jobs, n))
