@@ -1,7 +1,58 @@
 """Elastic, shared-directory sharding for Data-Juicer recipes.
 
-The core (storage, jobdir, prepare, claims, worker, merge, status) imports
-neither Ray nor Data-Juicer; ``runner``, ``executor`` and ``plugin`` do.
+The package is laid out by layer (docs/DESIGN.md):
+
+* ``storage/`` - atomic writes, publish-once, the shared clock, bulk writes
+* ``job/`` - the job directory: layout and manifest, records, leases, host identity, versions
+* ``prepare/`` - input discovery, strict JSONL, the deterministic split
+* ``worker/`` - the claim loop, tail pacing, output checks
+* ``merge``, ``status`` - the ordered verified merge and read-only views
+* ``coordination/`` - run ids, elections, one process's part of a submission
+* ``plugin/`` - everything that imports Ray or Data-Juicer: the executor,
+  the shard runner, the config schema, parse-time validation, the hook
+
+Only ``plugin/`` imports Ray or Data-Juicer (tests/test_layers.py holds it to
+that). This module is imported at interpreter start by the activation hook's
+``.pth`` file, so the names below are loaded on first use.
 """
 
 __version__ = "0.1.0"
+
+_LAZY = {
+    "ElasticError": "data_juicer_elastic.errors",
+    "UserError": "data_juicer_elastic.errors",
+    "IntegrityError": "data_juicer_elastic.errors",
+    "JobFailed": "data_juicer_elastic.errors",
+    "JobDir": "data_juicer_elastic.job.layout",
+    "Manifest": "data_juicer_elastic.job.layout",
+    "Policy": "data_juicer_elastic.job.layout",
+    "ClaimStore": "data_juicer_elastic.job.claims",
+    "PrepareRequest": "data_juicer_elastic.prepare.driver",
+    "PrepareResult": "data_juicer_elastic.prepare.driver",
+    "prepare": "data_juicer_elastic.prepare.driver",
+    "Runner": "data_juicer_elastic.worker.loop",
+    "WorkerResult": "data_juicer_elastic.worker.loop",
+    "run_worker": "data_juicer_elastic.worker.loop",
+    "verify": "data_juicer_elastic.merge",
+    "merge": "data_juicer_elastic.merge",
+    "VerifyReport": "data_juicer_elastic.merge",
+    "MergeResult": "data_juicer_elastic.merge",
+    "job_status": "data_juicer_elastic.status",
+    "JobStatus": "data_juicer_elastic.status",
+    "retry": "data_juicer_elastic.status",
+    "JobSpec": "data_juicer_elastic.coordination.session",
+    "run_job": "data_juicer_elastic.coordination.session",
+    "RayShardRunner": "data_juicer_elastic.plugin.runner",
+    "ElasticShardExecutor": "data_juicer_elastic.plugin.executor",
+}
+
+__all__ = ["__version__", *sorted(_LAZY)]
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+
+    return getattr(import_module(module), name)

@@ -12,8 +12,8 @@ from collections.abc import Callable
 import orjson
 from jsonargparse import ArgumentParser, Namespace
 
-from .errors import ElasticError, UserError
-from .jobdir import JobDir
+from data_juicer_elastic.errors import ElasticError, UserError
+from data_juicer_elastic.job.layout import JobDir
 
 
 def _job_dir_arg(p: ArgumentParser) -> None:
@@ -75,22 +75,22 @@ def _parser() -> ArgumentParser:
 
 
 def cmd_prepare(a: Namespace) -> int:
-    from .recipe_job import prepare_from_recipe  # imports Data-Juicer
+    from data_juicer_elastic.plugin.recipe_job import prepare_from_recipe  # imports Data-Juicer
 
     prepare_from_recipe(a.config, cli_overrides=a)
     return 0
 
 
 def cmd_worker(a: Namespace) -> int:
-    from .versions import check_versions
-    from .worker import load_runner, run_worker
+    from data_juicer_elastic.job.versions import check_versions
+    from data_juicer_elastic.worker.loop import load_runner, run_worker
 
     job = JobDir(a.job_dir)
     check_versions(job.manifest().versions, allow_mismatch=a.allow_version_mismatch)
     if a.runner:
         runner = load_runner(a.runner)
     else:
-        from .runner import RayShardRunner
+        from data_juicer_elastic.plugin.runner import RayShardRunner
 
         runner = RayShardRunner(ray_address=a.ray_address or job.manifest().policy.ray_address)
     result = run_worker(job.root, runner, max_shards=a.max_shards, stop_when_idle=a.stop_when_idle)
@@ -99,7 +99,7 @@ def cmd_worker(a: Namespace) -> int:
 
 
 def cmd_status(a: Namespace) -> int:
-    from .status import job_status
+    from data_juicer_elastic.status import job_status
 
     st = job_status(JobDir(a.job_dir))
     if a.json:
@@ -131,7 +131,7 @@ def format_status(st, *, show_all: bool) -> str:
 
 
 def cmd_retry(a: Namespace) -> int:
-    from .status import retry
+    from data_juicer_elastic.status import retry
 
     requeued = retry(JobDir(a.job_dir), a.shard_id, all_failed=a.all_failed)
     print(f"requeued {len(requeued)} shard(s): {' '.join(requeued)}")
@@ -139,14 +139,14 @@ def cmd_retry(a: Namespace) -> int:
 
 
 def cmd_merge(a: Namespace) -> int:
-    from .merge import merge
+    from data_juicer_elastic.merge import merge
 
     merge(JobDir(a.job_dir), a.output, overwrite=a.overwrite)
     return 0
 
 
 def cmd_verify(a: Namespace) -> int:
-    from .merge import verify
+    from data_juicer_elastic.merge import verify
 
     report = verify(JobDir(a.job_dir), expect_nodes=a.expect_nodes)
     for problem in report.problems:
@@ -159,14 +159,19 @@ def cmd_verify(a: Namespace) -> int:
 
 
 def cmd_run(a: Namespace) -> int:
-    from .recipe_job import run_from_recipe  # imports Data-Juicer
+    from data_juicer_elastic.plugin.recipe_job import run_from_recipe  # imports Data-Juicer
 
     return run_from_recipe(a.config)
 
 
 COMMANDS: dict[str, Callable[[Namespace], int]] = {
-    "prepare": cmd_prepare, "worker": cmd_worker, "status": cmd_status, "retry": cmd_retry,
-    "merge": cmd_merge, "verify": cmd_verify, "run": cmd_run,
+    "prepare": cmd_prepare,
+    "worker": cmd_worker,
+    "status": cmd_status,
+    "retry": cmd_retry,
+    "merge": cmd_merge,
+    "verify": cmd_verify,
+    "run": cmd_run,
 }
 
 

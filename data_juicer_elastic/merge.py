@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .bulk_write import BulkWriter
-from .errors import IntegrityError, UserError
-from .jobdir import JobDir, ShardSpec, attempt_name
-from .progress import ProgressBar
-from .storage import (
+from data_juicer_elastic.errors import IntegrityError, UserError
+from data_juicer_elastic.job.layout import JobDir, ShardSpec, attempt_name
+from data_juicer_elastic.progress import ProgressBar
+from data_juicer_elastic.storage.bulk_write import BulkWriter
+from data_juicer_elastic.storage.files import (
     atomic_write,
     disk_full_in,
     dumps_json,
@@ -231,11 +231,14 @@ def merge(
         _record(job, out, records, rows, size, sha, started_at, seconds)
     except OSError as exc:
         if full := disk_full_in(exc):
-            raise no_space_error(job.merge_record_path, full, f"recording the merge (the output {out} is complete)") from exc
+            raise no_space_error(
+                job.merge_record_path, full, f"recording the merge (the output {out} is complete)"
+            ) from exc
         raise
     mb = size / 1e6
     log(
-        f"merged {len(records)} shards, {rows:,} rows, {mb:,.1f} MB in {seconds:.2f} s ({mb / max(seconds, 1e-9):,.1f} MB/s) into {out}"
+        f"merged {len(records)} shards, {rows:,} rows, {mb:,.1f} MB in {seconds:.2f} s "
+        f"({mb / max(seconds, 1e-9):,.1f} MB/s) into {out}"
     )
     return MergeResult(str(out), rows, size, seconds, len(records))
 
@@ -301,7 +304,7 @@ def _copy_all(records: list[DoneRecord], writer: BulkWriter, bar: ProgressBar) -
     rows = size = 0
     with ThreadPoolExecutor(1, thread_name_prefix="dje-merge-hash") as hasher:
         for record in records:
-            r, s = _copy_one(record, writer, buf, merged, hasher, lambda n: bar.update(size + n))
+            r, s = _copy_one(record, writer, buf, merged, hasher, lambda n: bar.update(size + n))  # noqa: B023 (called before the loop moves on)
             rows += r
             size += s
     return rows, size, merged.hexdigest()

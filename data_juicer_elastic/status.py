@@ -7,11 +7,11 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from .claims import ClaimStore
-from .errors import IntegrityError, UserError
-from .identity import hostname
-from .jobdir import JobDir
-from .storage import atomic_write, dumps_json, read_record
+from data_juicer_elastic.errors import IntegrityError, UserError
+from data_juicer_elastic.job.claims import ClaimStore
+from data_juicer_elastic.job.identity import hostname
+from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.storage.files import atomic_write, dumps_json, read_record
 
 STATES = ("pending", "running", "stale", "done", "failed")
 
@@ -143,6 +143,8 @@ def failure_message(job: JobDir, sid: str) -> str:
         log = job.confine(rec["log"], "failed record log")
     except (KeyError, TypeError, IntegrityError):
         log = job.failed_path(sid)
-    return (f"shard {sid} failed terminally on host={rec.get('host')} after {rec.get('failures')} failure(s): "
-            f"{rec.get('error')}; see {log}; fix the cause, then "
-            f"`dj-elastic retry --job-dir {job.root} --shard-id {sid}` and submit the job again")
+    return (
+        f"shard {sid} failed terminally on host={rec.get('host')} after {rec.get('failures')} failure(s): "
+        f"{rec.get('error')}; see {log}; fix the cause, then "
+        f"`dj-elastic retry --job-dir {job.root} --shard-id {sid}` and submit the job again"
+    )

@@ -15,11 +15,11 @@ import sys
 import time
 from pathlib import Path
 
-from data_juicer_elastic.coordination import JobSpec, run_job
+from data_juicer_elastic.coordination.session import JobSpec, run_job
 from data_juicer_elastic.errors import UserError
-from data_juicer_elastic.jobdir import Policy
-from data_juicer_elastic.prepare import PrepareRequest
-from data_juicer_elastic.versions import current_versions
+from data_juicer_elastic.job.layout import Policy
+from data_juicer_elastic.job.versions import current_versions
+from data_juicer_elastic.prepare.driver import PrepareRequest
 
 from . import runners
 from .jobs import RECIPE
@@ -51,10 +51,16 @@ def build_spec(a: argparse.Namespace) -> JobSpec:
         time.sleep(a.prepare_sleep)
         if a.prepare_error:
             raise UserError(a.prepare_error)
-        policy = Policy(num_shards=a.shards, lock_timeout_secs=a.lock_timeout, heartbeat_secs=0.3,
-                        poll_interval_secs=a.poll, max_retries=a.max_retries)
-        return PrepareRequest(dataset_path=a.dataset, job_dir=a.job_dir, recipe_text=RECIPE, policy=policy,
-                              versions=current_versions())
+        policy = Policy(
+            num_shards=a.shards,
+            lock_timeout_secs=a.lock_timeout,
+            heartbeat_secs=0.3,
+            poll_interval_secs=a.poll,
+            max_retries=a.max_retries,
+        )
+        return PrepareRequest(
+            dataset_path=a.dataset, job_dir=a.job_dir, recipe_text=RECIPE, policy=policy, versions=current_versions()
+        )
 
     def make_runner():
         if a.mark_dir:
@@ -64,9 +70,16 @@ def build_spec(a: argparse.Namespace) -> JobSpec:
         return getattr(runners, a.runner)
 
     return JobSpec(
-        job_dir=a.job_dir, export_path=a.export, make_prepare_request=make_prepare_request,
-        make_runner=make_runner, run_id=a.run_id, nodes=a.nodes, require_all_nodes=a.strict,
-        max_shards=a.max_shards, wait_timeout_secs=a.wait_timeout, poll_interval_secs=a.poll,
+        job_dir=a.job_dir,
+        export_path=a.export,
+        make_prepare_request=make_prepare_request,
+        make_runner=make_runner,
+        run_id=a.run_id,
+        nodes=a.nodes,
+        require_all_nodes=a.strict,
+        max_shards=a.max_shards,
+        wait_timeout_secs=a.wait_timeout,
+        poll_interval_secs=a.poll,
     )
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import orjson
 
-from data_juicer_elastic.jobdir import JobDir, Policy
-from data_juicer_elastic.prepare import PrepareRequest, prepare
+from data_juicer_elastic.job.layout import JobDir, Policy
+from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = b"project_name: protocol-test\nprocess:\n  - whitespace_normalization_mapper: {}\n"
@@ -41,8 +41,17 @@ def make_job(tmp: Path, *, rows: int = 100, shards: int = 10, job_dir: Path | No
 
 
 def worker_cmd(job: JobDir, runner: str = "copy", *extra: str) -> list[str]:
-    return [sys.executable, "-m", "data_juicer_elastic.cli", "worker", "--job-dir", str(job.root),
-            "--runner", f"tests.runners:{runner}", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "data_juicer_elastic.cli",
+        "worker",
+        "--job-dir",
+        str(job.root),
+        "--runner",
+        f"tests.runners:{runner}",
+        *extra,
+    ]
 
 
 def env_with(**extra: str) -> dict[str, str]:
@@ -52,10 +61,18 @@ def env_with(**extra: str) -> dict[str, str]:
     return env
 
 
-def spawn_worker(job: JobDir, runner: str = "copy", *extra: str, log: Path | None = None, **env: str) -> subprocess.Popen:
+def spawn_worker(
+    job: JobDir, runner: str = "copy", *extra: str, log: Path | None = None, **env: str
+) -> subprocess.Popen:
     out = open(log, "ab") if log else subprocess.DEVNULL
-    return subprocess.Popen(worker_cmd(job, runner, *extra), cwd=REPO, env=env_with(**env),
-                            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        worker_cmd(job, runner, *extra),
+        cwd=REPO,
+        env=env_with(**env),
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05) -> None:
@@ -77,7 +94,9 @@ def attempt_outcomes(job: JobDir) -> dict[str, list[str]]:
         outcomes = []
         for n in range(1, max(numbers, default=0) + 1):
             try:
-                outcomes.append(orjson.loads((job.attempt_dir(shard_dir.name, n) / "attempt.json").read_bytes())["outcome"])
+                outcomes.append(
+                    orjson.loads((job.attempt_dir(shard_dir.name, n) / "attempt.json").read_bytes())["outcome"]
+                )
             except FileNotFoundError:
                 outcomes.append("missing")
         result[shard_dir.name] = outcomes
@@ -91,14 +110,18 @@ def concatenated_shards(job: JobDir) -> bytes:
 def spawn(cmd: list[str], *, log: Path | None = None, **env: str) -> subprocess.Popen:
     """Any command from the repo root, in its own session (so a test can signal it alone)."""
     out = open(log, "ab") if log else subprocess.DEVNULL
-    return subprocess.Popen(cmd, cwd=REPO, env=env_with(**env), stdout=out, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return subprocess.Popen(
+        cmd, cwd=REPO, env=env_with(**env), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 def done_attempts(job: JobDir) -> dict[str, int]:
     """shard -> the attempt its done record names."""
-    return {name[:-5]: orjson.loads((job.done_dir / name).read_bytes())["attempt"]
-            for name in os.listdir(job.done_dir) if name.endswith(".json") and not name.startswith(".")}
+    return {
+        name[:-5]: orjson.loads((job.done_dir / name).read_bytes())["attempt"]
+        for name in os.listdir(job.done_dir)
+        if name.endswith(".json") and not name.startswith(".")
+    }
 
 
 def check_done_exactly_once(job: JobDir) -> dict[str, int]:

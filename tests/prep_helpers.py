@@ -9,9 +9,9 @@ from pathlib import Path
 
 import orjson
 
-from data_juicer_elastic.jobdir import JobDir, Policy
-from data_juicer_elastic.prepare import PrepareRequest, PrepareResult, prepare
-from data_juicer_elastic.storage import dumps_json, publish_once
+from data_juicer_elastic.job.layout import JobDir, Policy
+from data_juicer_elastic.prepare.driver import PrepareRequest, PrepareResult, prepare
+from data_juicer_elastic.storage.files import dumps_json, publish_once
 
 RECIPE = b"# test recipe\nproject_name: t\nprocess:\n  - text_length_filter: {min_len: 1}\n"
 
@@ -53,7 +53,7 @@ def slow_pid(seconds: float) -> int:
 
 def endless_task() -> None:
     """A pool task that reads "blocks" until the pool stops it."""
-    from data_juicer_elastic import prep_shards
+    from data_juicer_elastic.prepare import shards as prep_shards
 
     while True:
         prep_shards._advance(1 << 20)

@@ -14,15 +14,20 @@ from pathlib import Path
 import orjson
 import pytest
 
-from data_juicer_elastic import coordination as coord
-from data_juicer_elastic.coordination import resolve_run_id, run_summaries, safe_key, strict_split_ok
+from data_juicer_elastic.coordination import session as coord
+from data_juicer_elastic.coordination.session import resolve_run_id, run_summaries, safe_key, strict_split_ok
 from data_juicer_elastic.errors import UserError
-from data_juicer_elastic.jobdir import JobDir
+from data_juicer_elastic.job.layout import JobDir
 
 from .jobs import REPO, attempt_outcomes, concatenated_shards, env_with, wait_for, write_corpus
 
-LAUNCHER_ENVS = (coord.RUN_ID_ENV, *coord.LAUNCHER_RUN_ID_ENVS, *coord.WORLD_SIZE_ENVS, *coord.LOCAL_RANK_ENVS,
-                 "SLURM_STEP_ID")
+LAUNCHER_ENVS = (
+    coord.RUN_ID_ENV,
+    *coord.LAUNCHER_RUN_ID_ENVS,
+    *coord.WORLD_SIZE_ENVS,
+    *coord.LOCAL_RANK_ENVS,
+    "SLURM_STEP_ID",
+)
 
 
 @dataclass
@@ -56,15 +61,28 @@ class Cluster:
     def start_one(self, host: str, *args: str, run_id: str = "run-1", **env: str) -> Node:
         self.started += 1
         log = self.tmp / f"node-{self.started}-{host}.log"
-        cmd = [sys.executable, "-m", "tests.coord_node", "--job-dir", str(self.job.root), "--export",
-               str(self.export), "--dataset", str(self.dataset), "--shards", str(self.shards), *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "tests.coord_node",
+            "--job-dir",
+            str(self.job.root),
+            "--export",
+            str(self.export),
+            "--dataset",
+            str(self.dataset),
+            "--shards",
+            str(self.shards),
+            *args,
+        ]
         full_env = env_with(DJ_ELASTIC_HOSTNAME=host, DJ_ELASTIC_RUN_ID=run_id, **env)
         for name in LAUNCHER_ENVS:
             if name not in env and name != coord.RUN_ID_ENV:
                 full_env.pop(name, None)
         with open(log, "wb") as out:
-            proc = subprocess.Popen(cmd, cwd=REPO, env=full_env, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                cmd, cwd=REPO, env=full_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
         return Node(host, proc, log)
 
 
@@ -218,9 +236,11 @@ def test_two_ranks_on_one_host_run_one_claim_loop(tmp_path):
     c = Cluster(tmp_path, rows=80, shards=8)
     marks = tmp_path / "marks"
     args = ("--mark-dir", str(marks), "--runner", "weighted")
-    nodes = [c.start_one("node-0", *args, LOCAL_RANK="0", DJE_TEST_UNIT="0.1"),
-             c.start_one("node-0", *args, LOCAL_RANK="1", DJE_TEST_UNIT="0.1"),
-             c.start_one("node-1", *args, LOCAL_RANK="0", DJE_TEST_UNIT="0.1")]
+    nodes = [
+        c.start_one("node-0", *args, LOCAL_RANK="0", DJE_TEST_UNIT="0.1"),
+        c.start_one("node-0", *args, LOCAL_RANK="1", DJE_TEST_UNIT="0.1"),
+        c.start_one("node-1", *args, LOCAL_RANK="0", DJE_TEST_UNIT="0.1"),
+    ]
     assert finish(nodes) == [0, 0, 0], [n.output for n in nodes]
     runners_started = sorted(m.rsplit("-", 1)[0] for m in os.listdir(marks))
     assert runners_started.count("node-0") == 1 and set(done_hosts(c.job)) <= set(runners_started)
@@ -240,8 +260,16 @@ def test_run_id_precedence():
     assert resolve_run_id(None, {"TORCHELASTIC_RUN_ID": "job-9", "WORLD_SIZE": "8"}) == "job-9"
 
 
-@pytest.mark.parametrize("env", [{"WORLD_SIZE": "4"}, {"OMPI_COMM_WORLD_SIZE": "2"}, {"PMI_SIZE": "3"},
-                                 {"SLURM_NTASKS": "2"}, {"TORCHELASTIC_RUN_ID": "none", "WORLD_SIZE": "2"}])
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"WORLD_SIZE": "4"},
+        {"OMPI_COMM_WORLD_SIZE": "2"},
+        {"PMI_SIZE": "3"},
+        {"SLURM_NTASKS": "2"},
+        {"TORCHELASTIC_RUN_ID": "none", "WORLD_SIZE": "2"},
+    ],
+)
 def test_several_processes_without_a_job_id_are_refused(env):
     with pytest.raises(UserError, match="set the same unique id on every process"):
         resolve_run_id(None, env)
@@ -258,7 +286,9 @@ def test_run_keys_are_safe_and_distinct():
     assert len(safe_key("x" * 500)) <= 60
 
 
-@pytest.mark.parametrize(("shards", "nodes", "ok"), [(9, 3, True), (16, 3, True), (10, 4, True), (4, 3, False),
-                                                     (2, 3, False), (3, 3, True), (5, 1, True)])
+@pytest.mark.parametrize(
+    ("shards", "nodes", "ok"),
+    [(9, 3, True), (16, 3, True), (10, 4, True), (4, 3, False), (2, 3, False), (3, 3, True), (5, 1, True)],
+)
 def test_strict_split(shards, nodes, ok):
     assert strict_split_ok(shards, nodes) is ok

@@ -25,17 +25,24 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parent.parent
 # Nothing may be downloaded: no models, no datasets, no packages through Data-Juicer's lazy installer.
-OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PIP_NO_INDEX": "1",
-           "UV_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
+OFFLINE = {
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "PIP_NO_INDEX": "1",
+    "UV_OFFLINE": "1",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "PYTHONUNBUFFERED": "1",
+}
 DJ_PROCESS = str(Path(os.environ.get("VIRTUAL_ENV", Path(os.sys.executable).parent.parent)) / "bin" / "dj-process")
 
 
-def dj_process(*args: str, cwd: Path, env: dict[str, str] | None = None,
-               timeout: int = 400) -> subprocess.CompletedProcess:
+def dj_process(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: int = 400
+) -> subprocess.CompletedProcess:
     full_env = {k: v for k, v in os.environ.items() if k not in ("DJ_ELASTIC_DISABLE", "RAY_JOB", "RAY_ADDRESS")}
     full_env.update(OFFLINE, **(env or {}))
-    return subprocess.run([DJ_PROCESS, *args], cwd=cwd, env=full_env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run([DJ_PROCESS, *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:
@@ -62,19 +69,21 @@ def differences(a: Any, b: Any, where: str = "$") -> list[str]:
                 out += differences(a[key], b[key], f"{where}.{key}")
         return out
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{where}[{i}]")]
+        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in differences(x, y, f"{where}[{i}]")]
     return [] if a == b else [f"{where}: {a!r} != {b!r}"]
 
 
-def assert_matches_reference(merged: list[dict], reference: list[dict], input_ids: list[int],
-                             index_key: str | None = None) -> None:
+def assert_matches_reference(
+    merged: list[dict], reference: list[dict], input_ids: list[int], index_key: str | None = None
+) -> None:
     position = {row_id: i for i, row_id in enumerate(input_ids)}
     merged_ids = [r["id"] for r in merged]
     assert merged_ids == sorted(merged_ids, key=position.__getitem__), "merged output is not in input order"
     by_id = {r["id"]: r for r in reference}
     assert len(by_id) == len(reference) and set(merged_ids) == set(by_id), (
         f"rows differ: only merged {sorted(set(merged_ids) - set(by_id))[:10]}, "
-        f"only reference {sorted(set(by_id) - set(merged_ids))[:10]}")
+        f"only reference {sorted(set(by_id) - set(merged_ids))[:10]}"
+    )
     problems = []
     for row in merged:
         row = dict(row)
@@ -91,8 +100,9 @@ def run_elastic(config: Path, cwd: Path, *overrides: str) -> subprocess.Complete
     return out
 
 
-def run_reference(job_dir: Path, out_dir: Path, *, dataset_path: Path | None = None,
-                  env: dict[str, str] | None = None) -> list[dict]:
+def run_reference(
+    job_dir: Path, out_dir: Path, *, dataset_path: Path | None = None, env: dict[str, str] | None = None
+) -> list[dict]:
     """One executor_type ray run of the job's recipe snapshot (its overrides included) over the whole input."""
     recipe = yaml.safe_load((job_dir / "recipe.yaml").read_text())
     assert recipe["executor_type"] == "ray"
@@ -107,11 +117,24 @@ def run_reference(job_dir: Path, out_dir: Path, *, dataset_path: Path | None = N
 
 
 def elastic_recipe(path: Path, dataset: Path, export: Path, job: Path, process: list, **extra: Any) -> Path:
-    recipe = {"project_name": path.stem, "dataset_path": str(dataset), "export_path": str(export), "np": 2,
-              "executor_type": "elastic_shard",
-              "elastic_shard": {"job_dir": str(job), "num_shards": 4, "max_retries": 0, "heartbeat_secs": 2.0,
-                                "lock_timeout_secs": 60.0, "poll_interval_secs": 0.5, "wait_timeout_secs": 120.0},
-              "process": process, **extra}
+    recipe = {
+        "project_name": path.stem,
+        "dataset_path": str(dataset),
+        "export_path": str(export),
+        "np": 2,
+        "executor_type": "elastic_shard",
+        "elastic_shard": {
+            "job_dir": str(job),
+            "num_shards": 4,
+            "max_retries": 0,
+            "heartbeat_secs": 2.0,
+            "lock_timeout_secs": 60.0,
+            "poll_interval_secs": 0.5,
+            "wait_timeout_secs": 120.0,
+        },
+        "process": process,
+        **extra,
+    }
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
     return path
 
@@ -133,12 +156,17 @@ def index_job(tmp_path_factory):
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_bytes(src.read_bytes())
     config = elastic_recipe(
-        tmp / "index.yaml", data, tmp / "out" / "merged.jsonl", tmp / "job",
-        process=[{"whitespace_normalization_mapper": None},
-                 {"clean_email_mapper": {"index_key": "row_idx"}},
-                 {"clean_links_mapper": None},
-                 {"text_length_filter": {"min_len": 20}},
-                 {"words_num_filter": {"lang": "en", "tokenization": False, "min_num": 4}}],
+        tmp / "index.yaml",
+        data,
+        tmp / "out" / "merged.jsonl",
+        tmp / "job",
+        process=[
+            {"whitespace_normalization_mapper": None},
+            {"clean_email_mapper": {"index_key": "row_idx"}},
+            {"clean_links_mapper": None},
+            {"text_length_filter": {"min_len": 20}},
+            {"words_num_filter": {"lang": "en", "tokenization": False, "min_num": 4}},
+        ],
     )
     out = run_elastic(config, tmp, "--elastic_shard.num_shards", "3", "--text_length_filter.min_len", "40")
     merged = read_rows(tmp / "out" / "merged.jsonl")
@@ -147,8 +175,9 @@ def index_job(tmp_path_factory):
 
 
 def test_index_key_recipe_matches_one_ray_run(index_job):
-    assert_matches_reference(index_job["merged"], index_job["reference"], input_ids(index_job["data"]),
-                             index_key="row_idx")
+    assert_matches_reference(
+        index_job["merged"], index_job["reference"], input_ids(index_job["data"]), index_key="row_idx"
+    )
     assert len(index_job["merged"]) > 100
     assert any(isinstance(r.get("score"), float) for r in index_job["merged"])
 
@@ -203,12 +232,17 @@ def test_custom_operator_recipe_matches_one_ray_run(tmp_path):
     ops.parent.mkdir()
     ops.write_text(textwrap.dedent(CUSTOM_OPS))
     data = tmp_path / "data.jsonl"  # a single file this time
-    write_jsonl(data, [{"id": i, "text": f"sample number {i} " + "word " * (i % 13), "n": i * 3}
-                       for i in range(240)])
+    write_jsonl(data, [{"id": i, "text": f"sample number {i} " + "word " * (i % 13), "n": i * 3} for i in range(240)])
     config = elastic_recipe(
-        tmp_path / "custom.yaml", data, tmp_path / "out" / "merged.jsonl", tmp_path / "job",
-        process=[{"dje_test_tag_mapper": None}, {"dje_test_odd_id_filter": None},
-                 {"text_length_filter": {"min_len": 25}}],
+        tmp_path / "custom.yaml",
+        data,
+        tmp_path / "out" / "merged.jsonl",
+        tmp_path / "job",
+        process=[
+            {"dje_test_tag_mapper": None},
+            {"dje_test_odd_id_filter": None},
+            {"text_length_filter": {"min_len": 25}},
+        ],
         custom_operator_paths=["ops/dje_test_ops.py"],  # relative to the working directory, as Data-Juicer reads it
     )
     run_elastic(config, tmp_path)
@@ -222,7 +256,8 @@ def test_custom_operator_recipe_matches_one_ray_run(tmp_path):
 
 def test_a_failing_op_fails_its_shard_and_the_job_exits_2(tmp_path):
     ops = tmp_path / "dje_failing_ops.py"
-    ops.write_text(textwrap.dedent('''
+    ops.write_text(
+        textwrap.dedent("""
         from data_juicer.ops.base_op import OPERATORS, Mapper
 
 
@@ -232,12 +267,19 @@ def test_a_failing_op_fails_its_shard_and_the_job_exits_2(tmp_path):
                 if sample["id"] == 7:
                     raise ValueError("row 7 is cursed")
                 return sample
-    '''))
+    """)
+    )
     data = tmp_path / "data.jsonl"
     write_jsonl(data, [{"id": i, "text": f"text {i}"} for i in range(40)])
-    config = elastic_recipe(tmp_path / "fail.yaml", data, tmp_path / "out" / "merged.jsonl", tmp_path / "job",
-                            process=[{"dje_test_exploding_mapper": None}], skip_op_error=False,
-                            custom_operator_paths=[str(ops)])
+    config = elastic_recipe(
+        tmp_path / "fail.yaml",
+        data,
+        tmp_path / "out" / "merged.jsonl",
+        tmp_path / "job",
+        process=[{"dje_test_exploding_mapper": None}],
+        skip_op_error=False,
+        custom_operator_paths=[str(ops)],
+    )
     out = dj_process("--config", str(config), cwd=tmp_path)
     assert out.returncode == 2, out.stderr[-3000:]
     assert "FAIL:" in out.stderr and "part-00000-of-00004" in out.stderr
@@ -266,7 +308,10 @@ def test_relative_media_paths_in_a_nested_folder(tmp_path):
             rows.append(row)
         write_jsonl(root / rel, rows)
     config = elastic_recipe(
-        tmp_path / "media.yaml", root, tmp_path / "out" / "merged.jsonl", tmp_path / "job",
+        tmp_path / "media.yaml",
+        root,
+        tmp_path / "out" / "merged.jsonl",
+        tmp_path / "job",
         process=[{"whitespace_normalization_mapper": None}, {"image_shape_filter": {"min_width": 10}}],
     )
     run_elastic(config, tmp_path)
@@ -291,24 +336,40 @@ def test_relative_media_paths_in_a_nested_folder(tmp_path):
 # --------------------------------------------------------------------------- refusals and the plugin switch
 def test_global_ops_are_refused_by_name_and_nothing_is_written(tmp_path):
     config = elastic_recipe(
-        tmp_path / "global.yaml", REPO / "demos/data/text", tmp_path / "out" / "merged.jsonl", tmp_path / "job",
-        process=[{"whitespace_normalization_mapper": None}, {"document_deduplicator": None},
-                 {"ray_document_deduplicator": None}, {"topk_specified_field_selector": {"field_key": "score"}},
-                 {"text_length_filter": {"min_len": 3, "stats_export_path": str(tmp_path / "stats.jsonl")}}],
+        tmp_path / "global.yaml",
+        REPO / "demos/data/text",
+        tmp_path / "out" / "merged.jsonl",
+        tmp_path / "job",
+        process=[
+            {"whitespace_normalization_mapper": None},
+            {"document_deduplicator": None},
+            {"ray_document_deduplicator": None},
+            {"topk_specified_field_selector": {"field_key": "score"}},
+            {"text_length_filter": {"min_len": 3, "stats_export_path": str(tmp_path / "stats.jsonl")}},
+        ],
     )
     before = sorted(p.name for p in tmp_path.iterdir())
     out = dj_process("--config", str(config), cwd=tmp_path)
     assert out.returncode == 2, out.stderr[-3000:]
-    for op in ("process[1] document_deduplicator", "process[2] ray_document_deduplicator",
-               "process[3] topk_specified_field_selector", "process[4] text_length_filter: stats_export_path"):
+    for op in (
+        "process[1] document_deduplicator",
+        "process[2] ray_document_deduplicator",
+        "process[3] topk_specified_field_selector",
+        "process[4] text_length_filter: stats_export_path",
+    ):
         assert op in out.stderr
     assert "Traceback" not in out.stderr and "process[0]" not in out.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
 def test_bad_elastic_shard_value_is_refused_by_the_parser(tmp_path):
-    config = elastic_recipe(tmp_path / "bad.yaml", REPO / "demos/data/text", tmp_path / "out.jsonl",
-                            tmp_path / "job", process=[{"whitespace_normalization_mapper": None}])
+    config = elastic_recipe(
+        tmp_path / "bad.yaml",
+        REPO / "demos/data/text",
+        tmp_path / "out.jsonl",
+        tmp_path / "job",
+        process=[{"whitespace_normalization_mapper": None}],
+    )
     recipe = yaml.safe_load(config.read_text())
     recipe["elastic_shard"]["num_shards"] = 0
     config.write_text(yaml.safe_dump(recipe))
@@ -321,8 +382,13 @@ def test_bad_elastic_shard_value_is_refused_by_the_parser(tmp_path):
 
 
 def test_switched_off_plugin_leaves_data_juicer_as_shipped(tmp_path):
-    config = elastic_recipe(tmp_path / "e.yaml", REPO / "demos/data/text", tmp_path / "out.jsonl",
-                            tmp_path / "job", process=[{"whitespace_normalization_mapper": None}])
+    config = elastic_recipe(
+        tmp_path / "e.yaml",
+        REPO / "demos/data/text",
+        tmp_path / "out.jsonl",
+        tmp_path / "job",
+        process=[{"whitespace_normalization_mapper": None}],
+    )
     out = dj_process("--config", str(config), cwd=tmp_path, env={"DJ_ELASTIC_DISABLE": "1"})
     assert out.returncode == 2 and "not among choices" in out.stderr and "elastic_shard" in out.stderr
     out = dj_process("--help", cwd=tmp_path, env={"DJ_ELASTIC_DISABLE": "1"})
@@ -334,9 +400,13 @@ def test_switched_off_plugin_leaves_data_juicer_as_shipped(tmp_path):
 def test_default_executor_is_unchanged_by_the_plugin(tmp_path):
     outputs = {}
     for label, env in (("plugin", {}), ("disabled", {"DJ_ELASTIC_DISABLE": "1"})):
-        recipe = {"project_name": "default-check", "dataset_path": str(REPO / "demos/data/text/books.jsonl"),
-                  "export_path": str(tmp_path / label / "result.jsonl"), "np": 1,
-                  "process": [{"whitespace_normalization_mapper": None}, {"text_length_filter": {"min_len": 30}}]}
+        recipe = {
+            "project_name": "default-check",
+            "dataset_path": str(REPO / "demos/data/text/books.jsonl"),
+            "export_path": str(tmp_path / label / "result.jsonl"),
+            "np": 1,
+            "process": [{"whitespace_normalization_mapper": None}, {"text_length_filter": {"min_len": 30}}],
+        }
         config = tmp_path / f"{label}.yaml"
         config.write_text(yaml.safe_dump(recipe))
         out = dj_process("--config", str(config), cwd=tmp_path, env=env)

@@ -10,9 +10,9 @@ import orjson
 import pytest
 
 from data_juicer_elastic.errors import IntegrityError, UserError
-from data_juicer_elastic.jobdir import JobDir
+from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.merge import merge, verify
-from data_juicer_elastic.storage import dumps_json, read_json
+from data_juicer_elastic.storage.files import dumps_json, read_json
 
 from .prep_helpers import fake_done, finish_all, request, run, shard_bytes, text_rows, write_rows
 
@@ -204,7 +204,7 @@ def test_verify_complete_and_hosts(job: JobDir) -> None:
     report = verify(job)
     assert report.complete and report.ok and not report.problems
     assert report.hosts == {"n1": 2, "n2": 2, "n3": 1}
-    assert all(c.ok and c.rows == s.rows for c, s in zip(report.shards, job.manifest().shards))
+    assert all(c.ok and c.rows == s.rows for c, s in zip(report.shards, job.manifest().shards, strict=True))
     assert verify(job, expect_nodes=3).ok
     short = verify(job, expect_nodes=4)
     assert not short.ok and "only 3 host(s)" in short.problems[0]

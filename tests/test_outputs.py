@@ -7,18 +7,21 @@ import hashlib
 import pytest
 
 from data_juicer_elastic.errors import IntegrityError
-from data_juicer_elastic.outputs import BLOCK, inspect_output
+from data_juicer_elastic.worker.outputs import BLOCK, inspect_output
 
 
-@pytest.mark.parametrize("data, line", [
-    (b'{"a": [1\n2]}, {"b": 1}\n', 1),  # two lines that only parse when joined with a comma
-    (b'{"a": 1}\n[1, 2]\n', 2),
-    (b'{"a": 1}\n\n{"b": 2}\n', 2),
-    (b'{"a": 1}\n"text"\n', 2),
-    (b'{"a": 1}{"b": 2}\n', 1),
-    (b'{"a": "\xff"}\n', 1),
-    (b'{"a": 1}\n{"b": 2}', 2),  # no final newline: truncated
-])
+@pytest.mark.parametrize(
+    "data, line",
+    [
+        (b'{"a": [1\n2]}, {"b": 1}\n', 1),  # two lines that only parse when joined with a comma
+        (b'{"a": 1}\n[1, 2]\n', 2),
+        (b'{"a": 1}\n\n{"b": 2}\n', 2),
+        (b'{"a": 1}\n"text"\n', 2),
+        (b'{"a": 1}{"b": 2}\n', 1),
+        (b'{"a": "\xff"}\n', 1),
+        (b'{"a": 1}\n{"b": 2}', 2),  # no final newline: truncated
+    ],
+)
 def test_a_line_that_is_not_one_object_is_refused_by_line(tmp_path, data, line):
     path = tmp_path / "processed.jsonl"
     path.write_bytes(data)
@@ -32,7 +35,11 @@ def test_rows_bytes_and_sha256_across_block_boundaries(tmp_path):
     path = tmp_path / "processed.jsonl"
     path.write_bytes(data)
     digest = inspect_output(path)
-    assert (digest.rows, digest.bytes, digest.sha256) == (data.count(b"\n"), len(data), hashlib.sha256(data).hexdigest())
+    assert (digest.rows, digest.bytes, digest.sha256) == (
+        data.count(b"\n"),
+        len(data),
+        hashlib.sha256(data).hexdigest(),
+    )
 
 
 def test_an_empty_output_is_zero_rows(tmp_path):

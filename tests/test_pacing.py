@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from data_juicer_elastic.pacing import TAIL_LIMIT, BusyWorker, Pace, should_claim
-from data_juicer_elastic.storage import read_record
-from data_juicer_elastic.worker import Worker
+from data_juicer_elastic.storage.files import read_record
+from data_juicer_elastic.worker.loop import Worker
+from data_juicer_elastic.worker.pacing import TAIL_LIMIT, BusyWorker, Pace, should_claim
 
 from .jobs import make_job
 from .runners import copy
@@ -23,15 +23,18 @@ def test_pace_is_the_median_of_finished_attempts():
     assert pace.seconds == 1.2
 
 
-@pytest.mark.parametrize("my_pace, busy, free, expected", [
-    (None, [BusyWorker(0.1, 0.0)], 1, True),  # no pace of its own yet: claims, so one gets measured
-    (10.0, [], 3, True),  # nobody else is working
-    (10.0, [BusyWorker(1.0, 0.5)], 3, False),  # the busy one finishes all three in 3.5 s, before 10 s
-    (10.0, [BusyWorker(1.0, 0.5)], 12, True),  # too many for it alone: this worker gets one
-    (1.0, [BusyWorker(10.0, 0.0)], 1, True),  # the busy one is slower
-    (10.0, [BusyWorker(1.0, 2.5)], 3, True),  # overdue (past twice its pace): not counted on
-    (10.0, [BusyWorker(1.0, 0.0)], TAIL_LIMIT + 1, True),  # far from the tail
-])
+@pytest.mark.parametrize(
+    "my_pace, busy, free, expected",
+    [
+        (None, [BusyWorker(0.1, 0.0)], 1, True),  # no pace of its own yet: claims, so one gets measured
+        (10.0, [], 3, True),  # nobody else is working
+        (10.0, [BusyWorker(1.0, 0.5)], 3, False),  # the busy one finishes all three in 3.5 s, before 10 s
+        (10.0, [BusyWorker(1.0, 0.5)], 12, True),  # too many for it alone: this worker gets one
+        (1.0, [BusyWorker(10.0, 0.0)], 1, True),  # the busy one is slower
+        (10.0, [BusyWorker(1.0, 2.5)], 3, True),  # overdue (past twice its pace): not counted on
+        (10.0, [BusyWorker(1.0, 0.0)], TAIL_LIMIT + 1, True),  # far from the tail
+    ],
+)
 def test_should_claim(my_pace, busy, free, expected):
     assert should_claim(my_pace, busy, free) is expected
 
@@ -58,7 +61,7 @@ def _busy_fast_worker(job, pace: float) -> tuple[Worker, threading.Event, thread
 
 def test_slow_worker_leaves_the_last_shards_to_a_faster_busy_one(tmp_path):
     job = make_job(tmp_path, rows=40, shards=4)
-    fast, gate, thread = _busy_fast_worker(job, pace=5.0)
+    _fast, gate, thread = _busy_fast_worker(job, pace=5.0)
     try:
         info = read_record(job.attempt_dir(*_only_attempt(job)) / "attempt.json")
         assert info["pace"] == 5.0 and info["claimed_at"] > 0 and info["final"] is False
@@ -82,7 +85,7 @@ def test_slow_worker_leaves_the_last_shards_to_a_faster_busy_one(tmp_path):
 
 def test_an_overdue_busy_worker_is_not_counted_on(tmp_path):
     job = make_job(tmp_path, rows=40, shards=4)
-    fast, gate, thread = _busy_fast_worker(job, pace=0.2)
+    _fast, gate, thread = _busy_fast_worker(job, pace=0.2)
     try:
         slow = Worker(job.root, copy, host="slow", log=lambda *_: None)
         slow.pace.add(60.0)

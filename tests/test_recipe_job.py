@@ -38,8 +38,19 @@ def manifest(job: Path) -> dict:
 
 def test_prepare_takes_the_recipe_and_command_line_overrides(demo):
     job = demo / "elsewhere" / "job"
-    args = ("prepare", "--config", "configs/demo.yaml", "--job-dir", str(job), "--num-shards", "3",
-            "--max-retries", "5", "--dataset-path", "demos/data/text/books.jsonl")
+    args = (
+        "prepare",
+        "--config",
+        "configs/demo.yaml",
+        "--job-dir",
+        str(job),
+        "--num-shards",
+        "3",
+        "--max-retries",
+        "5",
+        "--dataset-path",
+        "demos/data/text/books.jsonl",
+    )
     out = dj_elastic(*args, cwd=demo)
     assert out.returncode == 0, out.stderr[-3000:]
     m = manifest(job)

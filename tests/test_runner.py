@@ -11,17 +11,22 @@ import pytest
 import yaml
 from jsonargparse import Namespace
 
-from data_juicer_elastic import runner as runner_module
 from data_juicer_elastic.errors import IntegrityError, UserError
-from data_juicer_elastic.jobdir import Policy
-from data_juicer_elastic.prepare import PrepareRequest, prepare
-from data_juicer_elastic.runner import RayShardRunner, attempt_config, join_parts
+from data_juicer_elastic.job.layout import Policy
+from data_juicer_elastic.plugin import runner as runner_module
+from data_juicer_elastic.plugin.runner import RayShardRunner, attempt_config, join_parts
+from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
 
-for _key, _value in {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PIP_NO_INDEX": "1", "UV_OFFLINE": "1",
-                     "RAY_USAGE_STATS_ENABLED": "0"}.items():
+for _key, _value in {
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "PIP_NO_INDEX": "1",
+    "UV_OFFLINE": "1",
+    "RAY_USAGE_STATS_ENABLED": "0",
+}.items():
     os.environ.setdefault(_key, _value)
 
-WORDS = "alpha beta gamma delta epsilon zeta eta theta".split()
+WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
 
 
 def rows(start: int, count: int) -> list[dict]:
@@ -87,9 +92,9 @@ def test_shards_keep_row_order_and_write_only_inside_the_attempt(runner, tmp_pat
         got = read(output)
         expected = [r for r in source if len(r["text"].strip()) >= 12]
         assert [r["id"] for r in got] == [r["id"] for r in expected]
-        assert all(r["text"] == s["text"].strip() for r, s in zip(got, expected))
+        assert all(r["text"] == s["text"].strip() for r, s in zip(got, expected, strict=True))
         assert all(r["__dj__stats__"]["text_len"] == len(r["text"]) for r in got)
-        assert all(r.get("score") == s.get("score") for r, s in zip(got, expected))  # 4 == 4.0 holds
+        assert all(r.get("score") == s.get("score") for r, s in zip(got, expected, strict=True))  # 4 == 4.0 holds
         adir = Path(output).parent
         assert sorted(p.name for p in adir.iterdir()) == ["process.log", "processed.jsonl", "work"]
         log = (adir / "process.log").read_text()
@@ -101,16 +106,23 @@ def test_shards_keep_row_order_and_write_only_inside_the_attempt(runner, tmp_pat
 
 @pytest.mark.slow
 def test_failing_op_fails_the_attempt_not_the_worker(runner, tmp_path):
-    bad = {**BASE_RECIPE, "skip_op_error": False, "strict_preflight": False,  # fails inside a Ray task
-           "process": [{"text_length_filter": {"min_len": 1, "text_key": "no_such_column"}}]}
+    bad = {
+        **BASE_RECIPE,
+        "skip_op_error": False,
+        "strict_preflight": False,  # fails inside a Ray task
+        "process": [{"text_length_filter": {"min_len": 1, "text_key": "no_such_column"}}],
+    }
     job = make_job(tmp_path / "bad", bad, {"part-a": rows(0, 20)})
     with pytest.raises(Exception) as exc:
         runner(*attempt(job, "part-a"), str(job))
     assert "no_such_column" in str(exc.value)
     assert "no_such_column" in (job / "attempts/part-a/0001/process.log").read_text()
     # the same runner (same Ray) goes on with the next job and an empty result
-    good = make_job(tmp_path / "good", {**BASE_RECIPE, "process": [{"text_length_filter": {"min_len": 10_000}}]},
-                    {"part-a": rows(0, 20)})
+    good = make_job(
+        tmp_path / "good",
+        {**BASE_RECIPE, "process": [{"text_length_filter": {"min_len": 10_000}}]},
+        {"part-a": rows(0, 20)},
+    )
     shard_path, output = attempt(good, "part-a")
     runner(shard_path, output, str(good))
     assert Path(output).read_bytes() == b""
@@ -124,9 +136,11 @@ def test_per_shard_overhead_is_reported(runner, tmp_path):
     for i in range(4):
         runner(*attempt(job, f"p{i}"), str(job))
     spent = [t["setup"] + t["run"] + t["join"] for t in runner.timings[before:]]
-    print(f"\nper-shard seconds on a warm runner (10-row shards): {[round(s, 2) for s in spent]}, "
-          f"median {statistics.median(spent):.2f}")
-    assert all(t["setup"] < 0.5 for t in runner.timings[before + 1:])  # parse/Ray setup done once
+    print(
+        f"\nper-shard seconds on a warm runner (10-row shards): {[round(s, 2) for s in spent]}, "
+        f"median {statistics.median(spent):.2f}"
+    )
+    assert all(t["setup"] < 0.5 for t in runner.timings[before + 1 :])  # parse/Ray setup done once
 
 
 def test_changed_recipe_snapshot_is_refused(tmp_path):
@@ -140,25 +154,46 @@ def test_changed_recipe_snapshot_is_refused(tmp_path):
 
 
 def test_custom_operators_inside_the_job_dir_are_refused(tmp_path):
-    job = make_job(tmp_path / "job", {**BASE_RECIPE, "custom_operator_paths": [str(tmp_path / "job" / "ops.py")]},
-                   {})
+    job = make_job(tmp_path / "job", {**BASE_RECIPE, "custom_operator_paths": [str(tmp_path / "job" / "ops.py")]}, {})
     with pytest.raises(UserError, match="inside the job directory"):
         RayShardRunner().prepare_job(str(job))
 
 
 def test_attempt_config_points_every_path_into_the_attempt(tmp_path):
     base = Namespace(
-        dataset_path="/data/in", export_path="/out/x.jsonl", export_type=None, work_dir="/out/job1",
-        event_log_dir="/out/job1/logs", checkpoint_dir="/out/job1/checkpoints", partition_dir="/p",
-        metadata_dir="/m", results_dir="/r", event_log_file="/e", job_summary_file="/s",
-        backed_up_config_path="/b", process=[{"a_mapper": {"work_dir": "/out/job1", "x": 1}},
-                                             {"b_filter": {"work_dir": "/elsewhere"}}, {"c_mapper": None}],
+        dataset_path="/data/in",
+        export_path="/out/x.jsonl",
+        export_type=None,
+        work_dir="/out/job1",
+        event_log_dir="/out/job1/logs",
+        checkpoint_dir="/out/job1/checkpoints",
+        partition_dir="/p",
+        metadata_dir="/m",
+        results_dir="/r",
+        event_log_file="/e",
+        job_summary_file="/s",
+        backed_up_config_path="/b",
+        process=[
+            {"a_mapper": {"work_dir": "/out/job1", "x": 1}},
+            {"b_filter": {"work_dir": "/elsewhere"}},
+            {"c_mapper": None},
+        ],
     )
     adir = str(tmp_path / "attempt")
     cfg = attempt_config(base, "/job/shards/part-1.jsonl", adir)
     assert cfg.dataset_path == "/job/shards/part-1.jsonl" and cfg.export_type == "jsonl"
-    for key in ("export_path", "work_dir", "event_log_dir", "checkpoint_dir", "partition_dir", "metadata_dir",
-                "results_dir", "event_log_file", "job_summary_file", "backed_up_config_path"):
+    for key in (
+        "export_path",
+        "work_dir",
+        "event_log_dir",
+        "checkpoint_dir",
+        "partition_dir",
+        "metadata_dir",
+        "results_dir",
+        "event_log_file",
+        "job_summary_file",
+        "backed_up_config_path",
+    ):
         assert getattr(cfg, key).startswith(adir + os.sep), key
     assert cfg.process[0]["a_mapper"] == {"work_dir": os.path.join(adir, "work"), "x": 1}
     assert cfg.process[1]["b_filter"] == {"work_dir": "/elsewhere"}  # set by the recipe: kept

@@ -12,11 +12,11 @@ import time
 import orjson
 import pytest
 
-from data_juicer_elastic.claims import ClaimStore
 from data_juicer_elastic.cli import main as cli_main
+from data_juicer_elastic.job.claims import ClaimStore
 from data_juicer_elastic.merge import merge
 from data_juicer_elastic.status import job_status
-from data_juicer_elastic.worker import run_worker
+from data_juicer_elastic.worker.loop import run_worker
 
 from .jobs import attempt_outcomes, concatenated_shards, make_job, spawn_worker, wait_for
 from .runners import copy
@@ -91,7 +91,7 @@ def test_retry_budget_terminal_failure_then_retry_keeps_history(tmp_path, capsys
 
 
 def _race_for_stale_lease(job_root: str, barrier, results) -> None:
-    from data_juicer_elastic.jobdir import JobDir
+    from data_juicer_elastic.job.layout import JobDir
 
     store = ClaimStore(JobDir(job_root), lock_timeout=1.0, host=f"racer-{os.getpid()}")
     barrier.wait()

@@ -32,7 +32,7 @@ def apply_patch(module: ModuleType) -> None:
     """Extend ``module`` once (idempotent, so ``importlib.reload`` is safe)."""
     if getattr(module, "__dj_elastic_patched__", False):
         return
-    from . import patches
+    from data_juicer_elastic.plugin import patches
 
     # False when Data-Juicer's version is not one whose internals the patches know
     module.__dj_elastic_patched__ = bool(getattr(patches, TARGETS[module.__name__])(module))

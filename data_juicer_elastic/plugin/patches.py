@@ -25,9 +25,9 @@ import time
 from types import ModuleType
 from typing import Any
 
-from ..errors import ElasticError
-from . import registry
-from .schema import NAME
+from data_juicer_elastic.errors import ElasticError
+from data_juicer_elastic.plugin import registry
+from data_juicer_elastic.plugin.schema import NAME
 
 SUPPORTED_PREFIX = "1.6."
 
@@ -71,7 +71,7 @@ def _refuse_unsupported() -> None:
 # data_juicer.config.config ----------------------------------------------------------------
 def extend_parser(parser: Any) -> Any:
     """Registered executor types become valid choices; the elastic_shard keys are added."""
-    from .schema import add_arguments
+    from data_juicer_elastic.plugin.schema import add_arguments
 
     for action in parser._actions:
         if getattr(action, "dest", None) == "executor_type" and action.choices is not None:
@@ -94,8 +94,8 @@ def on_parsed(cfg: Any, normalize: Any = None) -> None:
         return
     from data_juicer.ops.base_op import OPERATORS
 
-    from .recipe import effective_process, effective_recipe, remember, to_yaml
-    from .validation import validate
+    from data_juicer_elastic.plugin.recipe import effective_process, effective_recipe, remember, to_yaml
+    from data_juicer_elastic.plugin.validation import validate
 
     parser = _last_parser[0]
     defaults = parser.get_defaults() if parser is not None else {}

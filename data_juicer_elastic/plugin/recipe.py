@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from .schema import KEY
+from data_juicer_elastic.plugin.schema import KEY
 
 INNER_EXECUTOR = "ray"
 _ABSOLUTE_KEYS = ("dataset_path", "export_path", "work_dir")

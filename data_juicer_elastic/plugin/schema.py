@@ -18,17 +18,17 @@ KEY = NAME  # the recipe key of the block
 
 @dataclass(frozen=True)
 class ElasticShardSettings:
-    job_dir: Optional[str] = None
-    num_shards: Union[int, str] = "auto"
+    job_dir: str | None = None
+    num_shards: int | str = "auto"
     lock_timeout_secs: float = 300.0
     heartbeat_secs: float = 30.0
     max_retries: int = 2
     poll_interval_secs: float = 5.0
-    wait_timeout_secs: Optional[float] = 3600.0
-    run_id: Optional[str] = None
-    nodes: Optional[int] = None
+    wait_timeout_secs: float | None = 3600.0
+    run_id: str | None = None
+    nodes: int | None = None
     require_all_nodes: bool = False
-    max_shards: Optional[int] = None
+    max_shards: int | None = None
     ray_address: str = "local"
     allow_version_mismatch: bool = False
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
-from ..errors import UserError
-from .schema import KEY, settings_from_cfg
+from data_juicer_elastic.errors import UserError
+from data_juicer_elastic.plugin.schema import KEY, settings_from_cfg
 
 INPUT_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
 MEDIA_KEY_OPTIONS = ("image_key", "audio_key", "video_key")

@@ -38,17 +38,25 @@ from pathlib import Path
 import yaml
 
 TARGET = 1.15
-OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PIP_NO_INDEX": "1",
-           "UV_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
+OFFLINE = {
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "PIP_NO_INDEX": "1",
+    "UV_OFFLINE": "1",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "PYTHONUNBUFFERED": "1",
+}
 DJ_PROCESS = str(Path(sys.executable).parent / "dj-process")
-PROCESS = [{"whitespace_normalization_mapper": None},
-           {"text_length_filter": {"min_len": 10, "max_len": 10000}}]
+PROCESS = [{"whitespace_normalization_mapper": None}, {"text_length_filter": {"min_len": 10, "max_len": 10000}}]
 
 
 def generate(path: Path, rows: int) -> None:
     rnd = random.Random(0)
-    words = ["".join(rnd.choice("etaoinshrdlucmfwypvbgkjqxz"[:rnd.randint(8, 26)]) for _ in range(rnd.randint(1, 9)))
-             for _ in range(3000)]
+    words = [
+        "".join(rnd.choice("etaoinshrdlucmfwypvbgkjqxz"[: rnd.randint(8, 26)]) for _ in range(rnd.randint(1, 9)))
+        for _ in range(3000)
+    ]
     with open(path, "w") as f:
         for i in range(rows):
             n = rnd.randint(1, 40)  # some rows fall under min_len 10 and are filtered
@@ -60,7 +68,9 @@ def generate(path: Path, rows: int) -> None:
 
 def count_rows(path: Path) -> int:
     """Lines of a JSONL file, or of all files in Ray's output folder."""
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+    files = (
+        [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+    )
     n = 0
     for f in files:
         with open(f, "rb") as fh:
@@ -73,8 +83,9 @@ def run(config: Path, cwd: Path, timeout: int) -> tuple[float, float, str]:
     env.update(OFFLINE)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    out = subprocess.run([DJ_PROCESS, "--config", str(config)], cwd=cwd, env=env, capture_output=True, text=True,
-                         timeout=timeout)
+    out = subprocess.run(
+        [DJ_PROCESS, "--config", str(config)], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -102,8 +113,10 @@ def main() -> None:
     data = work / "data.jsonl"
     t0 = time.perf_counter()
     generate(data, args.rows)
-    print(f"generated {args.rows} rows ({data.stat().st_size / 1e6:.1f} MB) in {time.perf_counter() - t0:.1f}s "
-          f"at {data}", flush=True)
+    print(
+        f"generated {args.rows} rows ({data.stat().st_size / 1e6:.1f} MB) in {time.perf_counter() - t0:.1f}s at {data}",
+        flush=True,
+    )
 
     base = {"dataset_path": str(data), "np": args.np, "process": PROCESS}
     times: dict[str, list[float]] = {"elastic": [], "ray": []}
@@ -113,15 +126,31 @@ def main() -> None:
             rd = work / f"round{r}"
             rd.mkdir()
             a = rd / "a.yaml"
-            a.write_text(yaml.safe_dump({"project_name": f"b1-elastic-{r}", **base,
-                                         "export_path": str(rd / "elastic" / "out.jsonl"),
-                                         "executor_type": "elastic_shard",
-                                         "elastic_shard": {"job_dir": str(rd / "job"), "num_shards": args.shards}},
-                                        sort_keys=False))
+            a.write_text(
+                yaml.safe_dump(
+                    {
+                        "project_name": f"b1-elastic-{r}",
+                        **base,
+                        "export_path": str(rd / "elastic" / "out.jsonl"),
+                        "executor_type": "elastic_shard",
+                        "elastic_shard": {"job_dir": str(rd / "job"), "num_shards": args.shards},
+                    },
+                    sort_keys=False,
+                )
+            )
             b = rd / "b.yaml"
-            b.write_text(yaml.safe_dump({"project_name": f"b1-ray-{r}", **base,
-                                         "export_path": str(rd / "ray" / "out.jsonl"),
-                                         "executor_type": "ray", "ray_address": "local"}, sort_keys=False))
+            b.write_text(
+                yaml.safe_dump(
+                    {
+                        "project_name": f"b1-ray-{r}",
+                        **base,
+                        "export_path": str(rd / "ray" / "out.jsonl"),
+                        "executor_type": "ray",
+                        "ray_address": "local",
+                    },
+                    sort_keys=False,
+                )
+            )
             order = [("elastic", a), ("ray", b)] if r % 2 else [("ray", b), ("elastic", a)]
             for name, cfg in order:
                 wall, cpu, log = run(cfg, rd, args.timeout)
@@ -132,9 +161,12 @@ def main() -> None:
             n_ray = count_rows(rd / "ray" / "out.jsonl")
             if n_elastic != n_ray or n_ray == 0:
                 sys.exit(f"round {r}: elastic wrote {n_elastic} rows, ray wrote {n_ray}")
-            print(f"round {r} ({order[0][0]} first): elastic {times['elastic'][-1]:.1f}s "
-                  f"(cpu {cpus['elastic'][-1]:.1f}s)  ray {times['ray'][-1]:.1f}s (cpu {cpus['ray'][-1]:.1f}s)  "
-                  f"ratio {times['elastic'][-1] / times['ray'][-1]:.3f}  rows out {n_ray}", flush=True)
+            print(
+                f"round {r} ({order[0][0]} first): elastic {times['elastic'][-1]:.1f}s "
+                f"(cpu {cpus['elastic'][-1]:.1f}s)  ray {times['ray'][-1]:.1f}s (cpu {cpus['ray'][-1]:.1f}s)  "
+                f"ratio {times['elastic'][-1] / times['ray'][-1]:.3f}  rows out {n_ray}",
+                flush=True,
+            )
     finally:
         if not args.keep and args.dir is None:
             shutil.rmtree(work, ignore_errors=True)
@@ -144,8 +176,10 @@ def main() -> None:
     ratio = me / mr
     print(f"median wall: elastic {me:.1f}s  ray {mr:.1f}s  ratio elastic/ray {ratio:.3f} (target <= {TARGET})")
     print(f"median child cpu: elastic {ce:.1f}s  ray {cr:.1f}s  ratio {ce / cr:.3f}")
-    print(f"| B1 | {args.rows} rows, {args.shards} shards, np {args.np}, {args.rounds} rounds | "
-          f"elastic {me:.1f}s / ray {mr:.1f}s | {ratio:.2f} | <= {TARGET} |")
+    print(
+        f"| B1 | {args.rows} rows, {args.shards} shards, np {args.np}, {args.rounds} rounds | "
+        f"elastic {me:.1f}s / ray {mr:.1f}s | {ratio:.2f} | <= {TARGET} |"
+    )
 
 
 if __name__ == "__main__":

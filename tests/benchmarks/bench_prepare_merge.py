@@ -40,10 +40,10 @@ import orjson
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from data_juicer_elastic.jobdir import JobDir, Policy  # noqa: E402
+from data_juicer_elastic.job.layout import JobDir, Policy  # noqa: E402
 from data_juicer_elastic.merge import merge  # noqa: E402
-from data_juicer_elastic.prepare import PrepareRequest, prepare  # noqa: E402
-from data_juicer_elastic.storage import dumps_json, publish_once  # noqa: E402
+from data_juicer_elastic.prepare.driver import PrepareRequest, prepare  # noqa: E402
+from data_juicer_elastic.storage.files import dumps_json, publish_once  # noqa: E402
 
 med = statistics.median
 
@@ -133,7 +133,9 @@ def fresh(*paths: Path) -> None:
 
 
 def do_prepare(src: Path, job_dir: Path, shards: int, jobs: int | None) -> None:
-    prepare(PrepareRequest(str(src), str(job_dir), b"bench: 1\n", Policy(num_shards=shards)), log=lambda m: None, jobs=jobs)
+    prepare(
+        PrepareRequest(str(src), str(job_dir), b"bench: 1\n", Policy(num_shards=shards)), log=lambda m: None, jobs=jobs
+    )
 
 
 def do_merge(job_dir: Path, out: Path) -> None:
@@ -143,9 +145,9 @@ def do_merge(job_dir: Path, out: Path) -> None:
 CHILD = """
 import json, os, sys, threading
 sys.path.insert(0, {root!r})
-from data_juicer_elastic.jobdir import JobDir, Policy
+from data_juicer_elastic.job.layout import JobDir, Policy
 from data_juicer_elastic.merge import merge
-from data_juicer_elastic.prepare import PrepareRequest, prepare
+from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
 
 def hwm(pid):  # VmHWM in KiB; unlike ru_maxrss it does not inherit the spawning process's peak
     try:
@@ -222,7 +224,13 @@ def main() -> None:
     table: list[tuple[str, str, str, float, str, bool]] = []
 
     if not {"B2", "B3"} <= set(a.skip):
-        jb, jt, ob, ot, tmp = work / "job-big", work / "job-tiny", work / "merged-big.jsonl", work / "merged-tiny.jsonl", work / "rw.tmp"
+        jb, jt, ob, ot, tmp = (
+            work / "job-big",
+            work / "job-tiny",
+            work / "merged-big.jsonl",
+            work / "merged-tiny.jsonl",
+            work / "rw.tmp",
+        )
         r: dict[str, list[float]] = {k: [] for k in ("sha", "pbig", "ptiny", "rw", "mbig", "mtiny")}
         for rnd in range(a.rounds):
             fresh(jb, jt, ob, ot, tmp)
@@ -253,10 +261,10 @@ def main() -> None:
             )
         fresh(jb, jt, ob, ot, tmp)
         m = {k: med(v) for k, v in r.items()}
-        p_data = med(b - t for b, t in zip(r["pbig"], r["ptiny"]))
-        m_data = med(b - t for b, t in zip(r["mbig"], r["mtiny"]))
-        p_ratio = med(s / (b - t) for s, b, t in zip(r["sha"], r["pbig"], r["ptiny"]))
-        m_ratio = med(s / (b - t) for s, b, t in zip(r["rw"], r["mbig"], r["mtiny"]))
+        p_data = med(b - t for b, t in zip(r["pbig"], r["ptiny"], strict=True))
+        m_data = med(b - t for b, t in zip(r["mbig"], r["mtiny"], strict=True))
+        p_ratio = med(s / (b - t) for s, b, t in zip(r["sha"], r["pbig"], r["ptiny"], strict=True))
+        m_ratio = med(s / (b - t) for s, b, t in zip(r["rw"], r["mbig"], r["mtiny"], strict=True))
         mb = size / 1e6
         print(
             f"median ({mb:.0f} MB): read+sha256 {m['sha']:.2f}s ({mb / m['sha']:.0f} MB/s); prepare big {m['pbig']:.2f}s, "
@@ -266,29 +274,49 @@ def main() -> None:
             f"median ({mb:.0f} MB): read+sha256+write {m['rw']:.2f}s ({mb / m['rw']:.0f} MB/s); merge big {m['mbig']:.2f}s, "
             f"tiny {m['mtiny']:.3f}s, data {m_data:.2f}s ({mb / m_data:.0f} MB/s); ratio {m_ratio:.2f}"
         )
-        table.append(("B2", f"prepare data time vs read+sha256, {mb:.0f} MB",
-                      f"base {m['sha']:.2f}s; prepare {m['pbig']:.2f}s - {m['ptiny']:.3f}s = {p_data:.2f}s",
-                      p_ratio, ">= 0.5", p_ratio >= 0.5))
-        table.append(("B3", f"merge data time vs read+sha256+write+fsync, {mb:.0f} MB",
-                      f"base {m['rw']:.2f}s; merge {m['mbig']:.2f}s - {m['mtiny']:.3f}s = {m_data:.2f}s",
-                      m_ratio, ">= 0.5", m_ratio >= 0.5))
+        table.append(
+            (
+                "B2",
+                f"prepare data time vs read+sha256, {mb:.0f} MB",
+                f"base {m['sha']:.2f}s; prepare {m['pbig']:.2f}s - {m['ptiny']:.3f}s = {p_data:.2f}s",
+                p_ratio,
+                ">= 0.5",
+                p_ratio >= 0.5,
+            )
+        )
+        table.append(
+            (
+                "B3",
+                f"merge data time vs read+sha256+write+fsync, {mb:.0f} MB",
+                f"base {m['rw']:.2f}s; merge {m['mbig']:.2f}s - {m['mtiny']:.3f}s = {m_data:.2f}s",
+                m_ratio,
+                ">= 0.5",
+                m_ratio >= 0.5,
+            )
+        )
 
     if "B4" not in a.skip:
         ins = [sized(mb) for mb in a.rss_mb]
-        rss: dict[tuple[str, int], list[tuple[float, float]]] = {(op, i): [] for op in ("prepare", "merge") for i in (0, 1)}
+        rss: dict[tuple[str, int], list[tuple[float, float]]] = {
+            (op, i): [] for op in ("prepare", "merge") for i in (0, 1)
+        }
         floor = child_rss(op="import")[0]
         print(f"an import-only child peaks at {floor:.0f} MB (interpreter + package; part of every figure below)")
         for rnd in range(a.rounds):
             for i in (0, 1) if rnd % 2 == 0 else (1, 0):
                 job, out = work / f"job-rss{i}", work / f"merged-rss{i}.jsonl"
                 fresh(job, out)
-                rss[("prepare", i)].append(child_rss(op="prepare", src=str(ins[i]), job=str(job), shards=a.shards, jobs=a.jobs))
+                rss[("prepare", i)].append(
+                    child_rss(op="prepare", src=str(ins[i]), job=str(job), shards=a.shards, jobs=a.jobs)
+                )
                 identity_done(JobDir(job))
                 rss[("merge", i)].append(child_rss(op="merge", job=str(job), out=str(out)))
                 fresh(job, out)
             print(
                 f"round {rnd}: peak MB (own+workers) "
-                + ", ".join(f"{op} {a.rss_mb[i]}MB {sum(rss[(op, i)][-1]):.0f}" for op in ("prepare", "merge") for i in (0, 1)),
+                + ", ".join(
+                    f"{op} {a.rss_mb[i]}MB {sum(rss[(op, i)][-1]):.0f}" for op in ("prepare", "merge") for i in (0, 1)
+                ),
                 flush=True,
             )
         for n, op in (("B4a", "prepare"), ("B4b", "merge")):
@@ -296,11 +324,20 @@ def main() -> None:
             wk = [med(x[1] for x in rss[(op, i)]) for i in (0, 1)]
             tot = [med(sum(x) for x in rss[(op, i)]) for i in (0, 1)]
             ratio = tot[1] / tot[0]
-            print(f"median {op}: {a.rss_mb[0]} MB -> own {own[0]:.0f} + workers {wk[0]:.0f} MB; "
-                  f"{a.rss_mb[1]} MB -> own {own[1]:.0f} + workers {wk[1]:.0f} MB; ratio {ratio:.2f}")
-            table.append((n, f"peak RSS of {op} (own + workers), {a.rss_mb[1]} MB vs {a.rss_mb[0]} MB",
-                          f"{tot[0]:.0f} MB ({own[0]:.0f}+{wk[0]:.0f}) -> {tot[1]:.0f} MB ({own[1]:.0f}+{wk[1]:.0f}); import-only {floor:.0f} MB",
-                          ratio, "<= 1.2", ratio <= 1.2))
+            print(
+                f"median {op}: {a.rss_mb[0]} MB -> own {own[0]:.0f} + workers {wk[0]:.0f} MB; "
+                f"{a.rss_mb[1]} MB -> own {own[1]:.0f} + workers {wk[1]:.0f} MB; ratio {ratio:.2f}"
+            )
+            table.append(
+                (
+                    n,
+                    f"peak RSS of {op} (own + workers), {a.rss_mb[1]} MB vs {a.rss_mb[0]} MB",
+                    f"{tot[0]:.0f} MB ({own[0]:.0f}+{wk[0]:.0f}) -> {tot[1]:.0f} MB ({own[1]:.0f}+{wk[1]:.0f}); import-only {floor:.0f} MB",
+                    ratio,
+                    "<= 1.2",
+                    ratio <= 1.2,
+                )
+            )
 
     print(f"\n{a.rounds} rounds, {time.perf_counter() - started:.0f} s\n")
     print("| id | measures | median figures | ratio | target |")

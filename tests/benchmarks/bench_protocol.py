@@ -55,8 +55,9 @@ from tests.jobs import make_job, spawn_worker  # noqa: E402
 FAST = {"heartbeat_secs": 0.5, "lock_timeout_secs": 3.0, "poll_interval_secs": 0.05, "max_retries": 2}
 
 
-def run_workers(job, n: int, runner: str, envs: list[dict[str, str]] | None = None,
-                timeout: float = 600.0) -> tuple[float, list[int]]:
+def run_workers(
+    job, n: int, runner: str, envs: list[dict[str, str]] | None = None, timeout: float = 600.0
+) -> tuple[float, list[int]]:
     """Spawn ``n`` workers; seconds until all have exited, and their exit codes."""
     envs = envs or [{} for _ in range(n)]
     t0 = time.perf_counter()
@@ -69,7 +70,7 @@ def run_workers(job, n: int, runner: str, envs: list[dict[str, str]] | None = No
             for q in procs:
                 if q.poll() is None:
                     os.killpg(q.pid, signal.SIGKILL)
-            raise RuntimeError(f"workers did not finish within {timeout}s")
+            raise RuntimeError(f"workers did not finish within {timeout}s") from None
     return time.perf_counter() - t0, [p.returncode for p in procs]
 
 
@@ -88,16 +89,22 @@ def bench_b5a(tmp: Path, rounds: int, shards: int, workers: int) -> list[float]:
         check_all_done(job)
         ms = wall * 1000 / shards
         per_shard_ms.append(ms)
-        print(f"B5a round {r + 1}: {workers} workers, {shards} shards, wall {wall:.2f} s, "
-              f"{ms:.2f} ms/shard, exit codes {sorted(set(codes))}", flush=True)
+        print(
+            f"B5a round {r + 1}: {workers} workers, {shards} shards, wall {wall:.2f} s, "
+            f"{ms:.2f} ms/shard, exit codes {sorted(set(codes))}",
+            flush=True,
+        )
     return per_shard_ms
 
 
 def bench_b5b(tmp: Path, rounds: int, shards: int, workers: int, run_secs: float) -> tuple[list[float], dict]:
     t = time.perf_counter()
     job = make_job(tmp / "b5b", rows=shards, shards=shards, **FAST)
-    print(f"B5b: prepared {shards} shards in {time.perf_counter() - t:.1f} s; "
-          f"running {workers} copy workers for {run_secs:.0f} s", flush=True)
+    print(
+        f"B5b: prepared {shards} shards in {time.perf_counter() - t:.1f} s; "
+        f"running {workers} copy workers for {run_secs:.0f} s",
+        flush=True,
+    )
     procs = [spawn_worker(job, "copy") for _ in range(workers)]
     time.sleep(run_secs)
     for p in procs:  # a mix: some interrupted (released), some killed (stale claims left behind)
@@ -119,8 +126,11 @@ def bench_b5b(tmp: Path, rounds: int, shards: int, workers: int, run_secs: float
         print(f"B5b round {r + 1}: status --json {dt * 1000:.0f} ms (exit {res.returncode})", flush=True)
     done = len(job.done_ids())
     attempted = sum(1 for _ in job.attempts_dir.iterdir()) if job.attempts_dir.exists() else 0
-    print(f"B5b job state: {done} done, {attempted - done} attempted but not done, "
-          f"{shards - attempted} never attempted; status scalars: {summary}", flush=True)
+    print(
+        f"B5b job state: {done} done, {attempted - done} attempted but not done, "
+        f"{shards - attempted} never attempted; status scalars: {summary}",
+        flush=True,
+    )
     return times, {"done": done, "attempted": attempted}
 
 
@@ -133,8 +143,11 @@ def bench_b6(tmp: Path, rounds: int, shards: int, unit: float, weights: tuple[fl
         makespan, codes = run_workers(job, len(weights), "weighted", envs)
         check_all_done(job)
         ratios.append(makespan / ideal)
-        print(f"B6 round {r + 1}: makespan {makespan:.2f} s, ideal {ideal:.2f} s, "
-              f"ratio {makespan / ideal:.3f}, exit codes {sorted(set(codes))}", flush=True)
+        print(
+            f"B6 round {r + 1}: makespan {makespan:.2f} s, ideal {ideal:.2f} s, "
+            f"ratio {makespan / ideal:.3f}, exit codes {sorted(set(codes))}",
+            flush=True,
+        )
     return ratios
 
 
@@ -156,17 +169,38 @@ def main() -> int:
         tmp = Path(d)
         if "B5a" in a.only:
             ms = statistics.median(bench_b5a(tmp, a.rounds, a.b5a_shards, a.b5a_workers))
-            rows.append(("B5a", f"wall ms per shard, {a.b5a_workers} copy workers, {a.b5a_shards} one-row shards",
-                         f"{ms:.2f} ms", "<= 20 ms", ms <= 20))
+            rows.append(
+                (
+                    "B5a",
+                    f"wall ms per shard, {a.b5a_workers} copy workers, {a.b5a_shards} one-row shards",
+                    f"{ms:.2f} ms",
+                    "<= 20 ms",
+                    ms <= 20,
+                )
+            )
         if "B5b" in a.only:
             times, state = bench_b5b(tmp, a.rounds, a.b5b_shards, 32, a.b5b_run_secs)
             s = statistics.median(times)
-            rows.append(("B5b", f"`status --json` wall time, {a.b5b_shards} shards ({state['done']} done)",
-                         f"{s:.3f} s", "<= 1 s", s <= 1.0))
+            rows.append(
+                (
+                    "B5b",
+                    f"`status --json` wall time, {a.b5b_shards} shards ({state['done']} done)",
+                    f"{s:.3f} s",
+                    "<= 1 s",
+                    s <= 1.0,
+                )
+            )
         if "B6" in a.only:
             ratio = statistics.median(bench_b6(tmp, a.rounds, a.b6_shards, a.b6_unit, weights))
-            rows.append(("B6", f"makespan / ideal, 4 workers at speed 1/4:1/4:1/2:1, {a.b6_shards} shards",
-                         f"{ratio:.3f}", "<= 1.15", ratio <= 1.15))
+            rows.append(
+                (
+                    "B6",
+                    f"makespan / ideal, 4 workers at speed 1/4:1/4:1/2:1, {a.b6_shards} shards",
+                    f"{ratio:.3f}",
+                    "<= 1.15",
+                    ratio <= 1.15,
+                )
+            )
     print(f"\ntotal run time {time.perf_counter() - t_start:.0f} s, rounds {a.rounds}\n")
     print("| id | measures | median | target |")
     print("|---|---|---|---|")

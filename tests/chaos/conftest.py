@@ -22,8 +22,11 @@ def small_disk(tmp_path: Path):
         folder.mkdir()
         if os.geteuid() != 0:
             pytest.skip("mounting a small tmpfs needs root")
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(folder)],
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(folder)],
+            capture_output=True,
+            text=True,
+        )
         if r.returncode:
             pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip()}); needs CAP_SYS_ADMIN")
         mounted.append(folder)
@@ -46,7 +49,7 @@ def sshfs_pair(tmp_path_factory):
         pytest.skip(reason)
     try:
         pair.start()
-    except Exception as exc:  # noqa: BLE001 - any failure to set up is reported as the skip reason
+    except Exception as exc:
         pair.stop()
         if os.environ.get("DJE_REQUIRE_SSHFS"):
             raise

@@ -21,8 +21,8 @@ import sys
 from pathlib import Path
 
 from data_juicer_elastic import merge as merge_mod
-from data_juicer_elastic import worker as worker_mod
-from data_juicer_elastic.jobdir import JobDir
+from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.worker import loop as worker_mod
 
 from ..runners import copy
 
@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
 
         worker_mod.publish_once = publish_then_die
     else:
+
         def die_before_rename(tmp, out, overwrite):
             _die()
 

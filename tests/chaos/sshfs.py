@@ -41,9 +41,16 @@ class SshfsPair:
         """Why the pair cannot run here, or None."""
         if os.geteuid() != 0:
             return "sshfs tests need root (sshd for root@127.0.0.1 and FUSE mounts)"
-        missing = [name for name, found in (("sshfs", shutil.which("sshfs")), ("sshd", SSHD),
-                                            ("ssh-keygen", shutil.which("ssh-keygen")), ("ssh", shutil.which("ssh")))
-                   if not found]
+        missing = [
+            name
+            for name, found in (
+                ("sshfs", shutil.which("sshfs")),
+                ("sshd", SSHD),
+                ("ssh-keygen", shutil.which("ssh-keygen")),
+                ("ssh", shutil.which("ssh")),
+            )
+            if not found
+        ]
         if missing:
             return f"{', '.join(missing)} not installed (apt-get install openssh-server sshfs); .ci/run installs them"
         if not shutil.which("fusermount3") and not shutil.which("fusermount"):
@@ -59,20 +66,36 @@ class SshfsPair:
             d.mkdir(parents=True, exist_ok=True)
         os.chmod(keys, 0o700)
         for name in ("host_key", "client_key"):
-            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(keys / name)],
-                           check=True, capture_output=True)
+            subprocess.run(
+                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(keys / name)], check=True, capture_output=True
+            )
         shutil.copy(keys / "client_key.pub", keys / "authorized_keys")
         os.chmod(keys / "authorized_keys", 0o600)
         config = keys / "sshd_config"
-        config.write_text("\n".join([
-            f"Port {self.port}", "ListenAddress 127.0.0.1", f"HostKey {keys / 'host_key'}",
-            f"AuthorizedKeysFile {keys / 'authorized_keys'}", "PermitRootLogin prohibit-password",
-            "PasswordAuthentication no", "KbdInteractiveAuthentication no", "UsePAM no", "StrictModes no",
-            f"PidFile {keys / 'sshd.pid'}", "Subsystem sftp internal-sftp", "LogLevel ERROR", "MaxStartups 50",
-        ]) + "\n")
+        config.write_text(
+            "\n".join(
+                [
+                    f"Port {self.port}",
+                    "ListenAddress 127.0.0.1",
+                    f"HostKey {keys / 'host_key'}",
+                    f"AuthorizedKeysFile {keys / 'authorized_keys'}",
+                    "PermitRootLogin prohibit-password",
+                    "PasswordAuthentication no",
+                    "KbdInteractiveAuthentication no",
+                    "UsePAM no",
+                    "StrictModes no",
+                    f"PidFile {keys / 'sshd.pid'}",
+                    "Subsystem sftp internal-sftp",
+                    "LogLevel ERROR",
+                    "MaxStartups 50",
+                ]
+            )
+            + "\n"
+        )
         os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege-separation directory
-        self.sshd = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdout=subprocess.DEVNULL,
-                                     stderr=open(keys / "sshd.log", "wb"))
+        self.sshd = subprocess.Popen(
+            [SSHD, "-D", "-e", "-f", str(config)], stdout=subprocess.DEVNULL, stderr=open(keys / "sshd.log", "wb")
+        )
         self._wait_for_port()
         for mount in self.mounts:
             self._mount(mount, keys / "client_key")
@@ -88,16 +111,28 @@ class SshfsPair:
                     return
             except OSError:
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"sshd did not listen on 127.0.0.1:{self.port} within {timeout}s")
+                    raise RuntimeError(f"sshd did not listen on 127.0.0.1:{self.port} within {timeout}s") from None
                 time.sleep(0.1)
 
     def _mount(self, mount: Path, key: Path) -> None:
-        options = ",".join([
-            f"IdentityFile={key}", "StrictHostKeyChecking=no", "UserKnownHostsFile=/dev/null", "BatchMode=yes",
-            f"port={self.port}", "LogLevel=ERROR", "ServerAliveInterval=5", CACHE_OPTIONS,
-        ])
-        r = subprocess.run(["sshfs", "-o", options, f"root@127.0.0.1:{self.share}", str(mount)],
-                           capture_output=True, text=True, timeout=60)
+        options = ",".join(
+            [
+                f"IdentityFile={key}",
+                "StrictHostKeyChecking=no",
+                "UserKnownHostsFile=/dev/null",
+                "BatchMode=yes",
+                f"port={self.port}",
+                "LogLevel=ERROR",
+                "ServerAliveInterval=5",
+                CACHE_OPTIONS,
+            ]
+        )
+        r = subprocess.run(
+            ["sshfs", "-o", options, f"root@127.0.0.1:{self.share}", str(mount)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if r.returncode or not os.path.ismount(mount):
             raise RuntimeError(f"sshfs mount of {mount} failed ({r.returncode}): {r.stderr.strip()}")
         self.mounted.append(mount)
@@ -105,7 +140,11 @@ class SshfsPair:
     # teardown -----------------------------------------------------------------------------------
     def stop(self) -> None:
         for mount in reversed(self.mounted):
-            for cmd in (["fusermount3", "-u", str(mount)], ["fusermount", "-u", str(mount)], ["umount", "-l", str(mount)]):
+            for cmd in (
+                ["fusermount3", "-u", str(mount)],
+                ["fusermount", "-u", str(mount)],
+                ["umount", "-l", str(mount)],
+            ):
                 if shutil.which(cmd[0]) and subprocess.run(cmd, capture_output=True).returncode == 0:
                     break
         self.mounted.clear()

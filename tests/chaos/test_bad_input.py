@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from data_juicer_elastic.errors import UserError
-from data_juicer_elastic.jobdir import Policy
-from data_juicer_elastic.prepare import PrepareRequest, prepare
+from data_juicer_elastic.job.layout import Policy
+from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
 
 from ..jobs import REPO, env_with
 from ..prep_helpers import request, run, text_rows, write_rows
@@ -113,7 +113,7 @@ def _prepare_as_nobody(dataset: str, job_dir: str, queue) -> None:
         queue.put("prepared")
     except UserError as exc:
         queue.put(f"UserError: {exc}")
-    except BaseException as exc:  # noqa: BLE001 - reported to the test
+    except BaseException as exc:
         queue.put(f"{type(exc).__name__}: {exc}")
 
 
@@ -149,14 +149,15 @@ HUGE = 100 << 20
 PIPELINE = """
 import resource, sys
 from data_juicer_elastic.errors import UserError
-from data_juicer_elastic.jobdir import JobDir, Policy
+from data_juicer_elastic.job.layout import JobDir, Policy
 from data_juicer_elastic.merge import merge
-from data_juicer_elastic.prepare import PrepareRequest, prepare
-from data_juicer_elastic.worker import run_worker
+from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
+from data_juicer_elastic.worker.loop import run_worker
 from tests.runners import copy
 data, job, out = sys.argv[1:4]
 try:
-    prepare(PrepareRequest(data, job, b"a: 1\\n", Policy(num_shards=2, poll_interval_secs=0.1)), log=lambda *_: None, jobs=0)
+    req = PrepareRequest(data, job, b"a: 1\\n", Policy(num_shards=2, poll_interval_secs=0.1))
+    prepare(req, log=lambda *_: None, jobs=0)
 except UserError as exc:
     print("refused:", str(exc)[:300])
 else:
@@ -177,8 +178,14 @@ def test_a_100_mb_line_is_handled_in_bounded_memory(tmp_path, valid):
         f.write(b'{"text": "' + b"x" * HUGE + (b'"}\n' if valid else b"\n"))
         f.write(GOOD * 2)
     out = tmp_path / "merged.jsonl"
-    p = subprocess.run([sys.executable, "-c", PIPELINE, str(data), str(tmp_path / "job"), str(out)], cwd=REPO,
-                       env=env_with(), capture_output=True, text=True, timeout=170)
+    p = subprocess.run(
+        [sys.executable, "-c", PIPELINE, str(data), str(tmp_path / "job"), str(out)],
+        cwd=REPO,
+        env=env_with(),
+        capture_output=True,
+        text=True,
+        timeout=170,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     lines = p.stdout.splitlines()
     peak = int(lines[-1].split()[-1])
@@ -201,10 +208,29 @@ def test_bad_input_fails_every_node_of_a_coordinated_run_and_publishes_nothing(t
     data.write_bytes(GOOD * 20 + b"[1, 2]\n" + GOOD)
     procs = []
     for host in ("node-0", "node-1"):
-        cmd = [sys.executable, "-m", "tests.coord_node", "--job-dir", str(tmp_path / "job"), "--export",
-               str(tmp_path / "out.jsonl"), "--dataset", str(data), "--shards", "2"]
-        procs.append(subprocess.Popen(cmd, cwd=REPO, env=env_with(DJ_ELASTIC_HOSTNAME=host, DJ_ELASTIC_RUN_ID="bad"),
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        cmd = [
+            sys.executable,
+            "-m",
+            "tests.coord_node",
+            "--job-dir",
+            str(tmp_path / "job"),
+            "--export",
+            str(tmp_path / "out.jsonl"),
+            "--dataset",
+            str(data),
+            "--shards",
+            "2",
+        ]
+        procs.append(
+            subprocess.Popen(
+                cmd,
+                cwd=REPO,
+                env=env_with(DJ_ELASTIC_HOSTNAME=host, DJ_ELASTIC_RUN_ID="bad"),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     outputs = [p.communicate(timeout=120)[0] for p in procs]
     assert [p.returncode for p in procs] == [2, 2], outputs
     for text in outputs:

@@ -20,11 +20,22 @@ import time
 
 import pytest
 
-from ..jobs import env_with, kill_group, make_job, merge_and_check, check_done_exactly_once, spawn, wait_for, \
-    worker_cmd, attempt_outcomes
+from ..jobs import (
+    attempt_outcomes,
+    check_done_exactly_once,
+    env_with,
+    kill_group,
+    make_job,
+    merge_and_check,
+    spawn,
+    wait_for,
+    worker_cmd,
+)
 
-pytestmark = pytest.mark.skipif(shutil.which("faketime") is None,
-                                reason="libfaketime is not installed (apt-get install faketime); .ci/run installs it")
+pytestmark = pytest.mark.skipif(
+    shutil.which("faketime") is None,
+    reason="libfaketime is not installed (apt-get install faketime); .ci/run installs it",
+)
 
 FAKE_ENV = {"FAKETIME_DONT_FAKE_MONOTONIC": "1"}
 
@@ -36,10 +47,18 @@ def _skewed(offset: str, argv: list[str]) -> list[str]:
 def test_what_libfaketime_fakes(tmp_path):
     probe = tmp_path / "probe"
     probe.write_bytes(b"x")
-    code = ("import os, time, sys; p = sys.argv[1]; before = os.stat(p).st_mtime; os.utime(p, None); "
-            "print(round(time.time() - before), round(os.stat(p).st_mtime - before))")
-    out = subprocess.run(["faketime", "-f", "+1h", sys.executable, "-c", code, str(probe)], env=env_with(**FAKE_ENV),
-                         capture_output=True, text=True, timeout=60, check=True).stdout.split()
+    code = (
+        "import os, time, sys; p = sys.argv[1]; before = os.stat(p).st_mtime; os.utime(p, None); "
+        "print(round(time.time() - before), round(os.stat(p).st_mtime - before))"
+    )
+    out = subprocess.run(
+        ["faketime", "-f", "+1h", sys.executable, "-c", code, str(probe)],
+        env=env_with(**FAKE_ENV),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.split()
     assert [int(x) for x in out] == [3600, 3600]  # wall clock +1h; utime(NULL) stamps +1h; stat is real
     assert abs(os.stat(probe).st_mtime - time.time() - 3600) < 60
 

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from data_juicer_elastic import worker as worker_mod
 from data_juicer_elastic.errors import UserError
-from data_juicer_elastic.jobdir import JobDir, Policy
+from data_juicer_elastic.job.layout import JobDir, Policy
 from data_juicer_elastic.merge import verify
-from data_juicer_elastic.prepare import PrepareRequest, prepare
+from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
 from data_juicer_elastic.status import job_status
-from data_juicer_elastic.worker import failure_count, run_worker
+from data_juicer_elastic.worker import loop as worker_mod
+from data_juicer_elastic.worker.loop import failure_count, run_worker
 
 from ..jobs import RECIPE, REPO, check_done_exactly_once, env_with, make_job, merge_and_check, worker_cmd, write_corpus
 from ..runners import copy
@@ -44,8 +44,14 @@ def _fill(disk: Path, leave: int) -> Path:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "data_juicer_elastic.cli", *args], cwd=REPO, env=env_with(),
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "data_juicer_elastic.cli", *args],
+        cwd=REPO,
+        env=env_with(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def _nothing_failed(job: JobDir) -> None:
@@ -64,8 +70,12 @@ def test_disk_full_during_prepare(tmp_path, small_disk):
     corpus = write_corpus(tmp_path / "in" / "data.jsonl", 30000, width=100)
     assert corpus.stat().st_size > 2 << 20
     disk = small_disk.mount("1m")
-    req = PrepareRequest(dataset_path=str(corpus), job_dir=str(disk / "job"), recipe_text=RECIPE,
-                         policy=Policy(num_shards=4, lock_timeout_secs=3.0, heartbeat_secs=0.5, poll_interval_secs=0.1))
+    req = PrepareRequest(
+        dataset_path=str(corpus),
+        job_dir=str(disk / "job"),
+        recipe_text=RECIPE,
+        policy=Policy(num_shards=4, lock_timeout_secs=3.0, heartbeat_secs=0.5, poll_interval_secs=0.1),
+    )
     with pytest.raises(UserError) as err:
         prepare(req, log=lambda *_: None)
     assert NO_SPACE in str(err.value) and str(disk / "job") in str(err.value), err.value
@@ -91,8 +101,10 @@ def test_disk_full_during_an_attempt_then_space_is_freed(tmp_path, small_disk):
     _nothing_failed(job)
     assert len(os.listdir(job.done_dir)) < 4
     os.unlink(filler)
-    assert subprocess.run(worker_cmd(job, "copy"), cwd=REPO, env=env_with(), capture_output=True,
-                          timeout=120).returncode == 0
+    assert (
+        subprocess.run(worker_cmd(job, "copy"), cwd=REPO, env=env_with(), capture_output=True, timeout=120).returncode
+        == 0
+    )
     check_done_exactly_once(job)
     merge_and_check(job, tmp_path / "merged.jsonl")
 

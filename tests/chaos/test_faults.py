@@ -18,8 +18,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from data_juicer_elastic.claims import ClaimStore
-from data_juicer_elastic.jobdir import JobDir
+from data_juicer_elastic.job.claims import ClaimStore
+from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.merge import merge
 from data_juicer_elastic.status import job_status
 
@@ -45,8 +45,15 @@ def _logs(tmp: Path, procs_logs: list[Path]) -> str:
 @pytest.mark.timeout(240)
 def test_chaos_random_kills_and_restarts_lose_nothing(tmp_path):
     """8 workers over 64 shards; a driver SIGKILLs or SIGTERMs random workers and starts new ones."""
-    job = make_job(tmp_path, rows=640, shards=64, lock_timeout_secs=2.0, heartbeat_secs=0.25,
-                   poll_interval_secs=0.1, max_retries=1000)
+    job = make_job(
+        tmp_path,
+        rows=640,
+        shards=64,
+        lock_timeout_secs=2.0,
+        heartbeat_secs=0.25,
+        poll_interval_secs=0.1,
+        max_retries=1000,
+    )
     seed = int(os.environ.get("DJE_CHAOS_SEED", random.randrange(1 << 30)))
     rng = random.Random(seed)
     env = {"DJE_TEST_SLEEP": "0.5"}
@@ -80,7 +87,7 @@ def test_chaos_random_kills_and_restarts_lose_nothing(tmp_path):
     finally:
         for p in live:
             kill_group(p)
-    for p, sig in ended:
+    for p, _sig in ended:
         # a SIGTERM before the handler is installed (still importing) kills the process outright
         assert p.wait(timeout=30) in (-signal.SIGKILL, -signal.SIGTERM, 128 + signal.SIGTERM, 0), f"seed {seed}"
     check_done_exactly_once(job)
@@ -88,8 +95,10 @@ def test_chaos_random_kills_and_restarts_lose_nothing(tmp_path):
     outcomes = attempt_outcomes(job)
     interrupted = sum(o.count("interrupted") for o in outcomes.values())
     lost = sum(o.count("running") + o.count("missing") for o in outcomes.values())
-    print(f"chaos seed={seed} kills={ {s.name: n for s, n in kills.items()} } "
-          f"interrupted attempts={interrupted} lost attempts={lost}")
+    print(
+        f"chaos seed={seed} kills={ {s.name: n for s, n in kills.items()} } "
+        f"interrupted attempts={interrupted} lost attempts={lost}"
+    )
     assert sum(kills.values()) >= 8, "the job finished before the driver got going"
     assert interrupted + lost >= 1, "no kill landed inside a shard"
     assert job_status(job).complete
@@ -97,7 +106,7 @@ def test_chaos_random_kills_and_restarts_lose_nothing(tmp_path):
 
 # racing takeovers -------------------------------------------------------------------------------------
 def _racer(job_root: str, start, finish, results, rounds: int) -> None:
-    from data_juicer_elastic.worker import Worker
+    from data_juicer_elastic.worker.loop import Worker
 
     from ..runners import copy
 
@@ -158,8 +167,10 @@ def test_stalled_worker_resumes_cannot_publish_and_merge_uses_the_winner(tmp_pat
     assert check_done_exactly_once(job) == {sid: 2}
     superseded = job.attempt_output(sid, 1).read_bytes()
     assert {orjson.loads(line)["_attempt"] for line in superseded.splitlines()} == {"0001"}
-    expected = b"".join(orjson.dumps({**orjson.loads(line), "_attempt": "0002"}) + b"\n"
-                        for line in concatenated_shards(job).splitlines())
+    expected = b"".join(
+        orjson.dumps({**orjson.loads(line), "_attempt": "0002"}) + b"\n"
+        for line in concatenated_shards(job).splitlines()
+    )
     merge_and_check(job, tmp_path / "merged.jsonl", expected)
 
 
@@ -213,23 +224,36 @@ def test_merge_killed_mid_copy_or_before_rename_never_shows_a_partial_output(tmp
     out_dir.mkdir()
     out = out_dir / "merged.jsonl"
     old = b'{"old": "output"}\n'
-    cmd = [sys.executable, "-m", "data_juicer_elastic.cli", "merge", "--job-dir", str(job.root),
-           "--output", str(out), "--overwrite"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "data_juicer_elastic.cli",
+        "merge",
+        "--job-dir",
+        str(job.root),
+        "--output",
+        str(out),
+        "--overwrite",
+    ]
     for round_ in range(3):  # killed at a random moment while it copies
         if round_ == 2:
             out.write_bytes(old)  # an existing output survives a killed --overwrite merge whole
         proc = spawn(cmd)
         try:
-            wait_for(lambda: any((out_dir / n).stat().st_size > 0 for n in _temps(out_dir) if (out_dir / n).exists()),
-                     timeout=60, interval=0.005)
+            wait_for(
+                lambda: any((out_dir / n).stat().st_size > 0 for n in _temps(out_dir) if (out_dir / n).exists()),
+                timeout=60,
+                interval=0.005,
+            )
             time.sleep(random.uniform(0, 0.05))
         finally:
             kill_group(proc)
         proc.wait(timeout=30)
         assert (not out.exists()) if round_ < 2 else out.read_bytes() == old
     # killed after the temp file is complete, just before the rename
-    proc = spawn([sys.executable, "-m", "tests.chaos.killpoint", "merge", "--job-dir", str(job.root),
-                  "--output", str(out)])
+    proc = spawn(
+        [sys.executable, "-m", "tests.chaos.killpoint", "merge", "--job-dir", str(job.root), "--output", str(out)]
+    )
     assert proc.wait(timeout=60) == -signal.SIGKILL
     assert out.read_bytes() == old
     assert _temps(out_dir), "the killed merges leave their temp files behind"

@@ -17,10 +17,10 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from data_juicer_elastic.jobdir import JobDir, Policy
+from data_juicer_elastic.job.layout import JobDir, Policy
 from data_juicer_elastic.merge import merge
-from data_juicer_elastic.prepare import PrepareRequest, prepare
-from data_juicer_elastic.worker import run_worker
+from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
+from data_juicer_elastic.worker.loop import run_worker
 
 from ..jobs import RECIPE
 from ..runners import copy
@@ -28,9 +28,12 @@ from ..runners import copy
 REMOTE = ("http://", "https://", "s3://", "gs://", "hdfs://")
 
 text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=8)
-scalars = st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.floats(allow_nan=False, allow_infinity=False) | text
-values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(text, inner, max_size=3),
-                      max_leaves=6)
+scalars = (
+    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.floats(allow_nan=False, allow_infinity=False) | text
+)
+values = st.recursive(
+    scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(text, inner, max_size=3), max_leaves=6
+)
 media_path = st.sampled_from(["a.png", "sub/b.png", "/abs/c.png", "http://h/d.png", "s3://b/e.png", "./f.png", "ü.png"])
 rows = st.builds(
     lambda base, images: {**base, **({} if images is False else {"images": images})},
@@ -38,8 +41,9 @@ rows = st.builds(
     st.one_of(st.just(False), st.none(), st.lists(media_path, max_size=3)),
 )
 styles = st.sampled_from(["orjson", "spaced", "ascii"])
-names = st.lists(st.sampled_from(["a", "b", "z", "sub/a", "sub/b", "sub/deep/x", "é", "0"]), min_size=1, max_size=4,
-                 unique=True)
+names = st.lists(
+    st.sampled_from(["a", "b", "z", "sub/a", "sub/b", "sub/deep/x", "é", "0"]), min_size=1, max_size=4, unique=True
+)
 
 
 @st.composite
@@ -74,8 +78,12 @@ def _manifest_minus_time(job: Path) -> dict:
     return d
 
 
-@settings(max_examples=int(os.environ.get("DJE_PROPERTY_EXAMPLES", "50")), deadline=None, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=int(os.environ.get("DJE_PROPERTY_EXAMPLES", "50")),
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(corpora())
 def test_merge_of_prepare_is_the_normalised_input(case):
     files, single, shards, jobs = case
@@ -110,7 +118,7 @@ def test_merge_of_prepare_is_the_normalised_input(case):
                 assert src.start == covered[src.file] and src.end > src.start
                 assert src.first_line == lines_seen[src.file] + 1
                 covered[src.file] = src.end
-                data = (dataset if single else root / src.file).read_bytes()[src.start:src.end]
+                data = (dataset if single else root / src.file).read_bytes()[src.start : src.end]
                 lines_seen[src.file] += data.count(b"\n") + (not data.endswith(b"\n"))
             row += spec.rows
         assert covered == {f.path: f.size for f in m.files}

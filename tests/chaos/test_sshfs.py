@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from data_juicer_elastic.claims import ClaimStore
-from data_juicer_elastic.jobdir import JobDir, Policy
-from data_juicer_elastic.prepare import PrepareRequest, prepare
-from data_juicer_elastic.storage import create_exclusive, publish_once, server_now
+from data_juicer_elastic.job.claims import ClaimStore
+from data_juicer_elastic.job.layout import JobDir, Policy
+from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
+from data_juicer_elastic.storage.files import create_exclusive, publish_once, server_now
 
 from ..jobs import (
     RECIPE,
@@ -41,8 +41,12 @@ def _job(pair, tmp_path: Path, *, rows: int, shards: int, **policy) -> tuple[Job
     """A job prepared through node a; its JobDir as node a and as node b see it."""
     _, a, b = pair.fresh()
     corpus = write_corpus(tmp_path / "input" / "data.jsonl", rows)
-    req = PrepareRequest(dataset_path=str(corpus), job_dir=str(a / "job"), recipe_text=RECIPE,
-                         policy=Policy(num_shards=shards, **{**FAST, **policy}))
+    req = PrepareRequest(
+        dataset_path=str(corpus),
+        job_dir=str(a / "job"),
+        recipe_text=RECIPE,
+        policy=Policy(num_shards=shards, **{**FAST, **policy}),
+    )
     prepare(req, log=lambda *_: None)
     return JobDir(a / "job"), JobDir(b / "job")
 
@@ -65,8 +69,11 @@ def test_exclusive_create_and_publish_once_have_one_winner_across_mounts(sshfs_p
     _, a, b = sshfs_pair.fresh()
     ctx = mp.get_context("fork")
     start, results = ctx.Barrier(2 * per_mount), ctx.Queue()
-    procs = [ctx.Process(target=_race, args=(str(folder), kind, rounds, start, results))
-             for folder in (a, b) for _ in range(per_mount)]
+    procs = [
+        ctx.Process(target=_race, args=(str(folder), kind, rounds, start, results))
+        for folder in (a, b)
+        for _ in range(per_mount)
+    ]
     for p in procs:
         p.start()
     got = [results.get(timeout=60) for _ in range(rounds * len(procs))]
@@ -88,7 +95,8 @@ def test_rename_replaces_whole_and_the_server_clock_agrees_across_mounts(sshfs_p
         tmp = a / f".t{i}"
         tmp.write_bytes(f"version {i}\n".encode() * 1000)
         os.replace(tmp, a / "target")
-        wait_for(lambda: (b / "target").read_bytes() == f"version {i}\n".encode() * 1000, timeout=10)
+        expected = f"version {i}\n".encode() * 1000
+        wait_for(lambda expected=expected: (b / "target").read_bytes() == expected, timeout=10)
     clock_a, clock_b = server_now(a / "clock-a"), server_now(b / "clock-b")
     assert abs(clock_a - clock_b) <= 2.0
     assert abs(clock_a - time.time()) <= 5.0  # the same machine here: one clock

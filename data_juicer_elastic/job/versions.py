@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
-from . import __version__
-from .errors import UserError
+from data_juicer_elastic import __version__
+from data_juicer_elastic.errors import UserError
 
 
 def current_versions() -> dict[str, str]:

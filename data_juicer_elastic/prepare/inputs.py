@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import BinaryIO
 
-from .errors import UserError
+from data_juicer_elastic.errors import UserError
 
 SUFFIXES = {".jsonl": None, ".jsonl.gz": "gz", ".jsonl.zst": "zst"}
 BLOCK = 16 << 20
@@ -127,7 +127,7 @@ def _walk(
                 raise UserError(
                     f"{path}: symlink loop (it leads back to {real}); remove the link or point it elsewhere"
                 )
-            _walk(path, parts + (entry.name,), root, exclude, ancestors + (real,), out)
+            _walk(path, (*parts, entry.name), root, exclude, (*ancestors, real), out)
             continue
         matched, codec = codec_of(entry.name)
         if not matched:

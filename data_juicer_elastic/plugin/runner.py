@@ -34,8 +34,8 @@ from typing import Any
 
 import yaml
 
-from .errors import IntegrityError, UserError
-from .jobdir import JobDir
+from data_juicer_elastic.errors import IntegrityError, UserError
+from data_juicer_elastic.job.layout import JobDir
 
 RECIPE_NAME = "recipe.yaml"
 LOG_NAME = "process.log"
@@ -304,7 +304,7 @@ class RayShardRunner:
     shard a worker process claims; ``close()`` stops a runtime it started.
     """
 
-    runner_factory = True  # `dj-elastic worker --runner data_juicer_elastic.runner:RayShardRunner`
+    runner_factory = True  # `dj-elastic worker --runner data_juicer_elastic.plugin.runner:RayShardRunner`
 
     def __init__(self, ray_address: str = LOCAL, *, log_level: str = "INFO") -> None:
         self.ray_address = ray_address or LOCAL
@@ -324,12 +324,10 @@ class RayShardRunner:
             return job.cfg
         import data_juicer  # noqa: F401  (patches.supported() reads its version)
 
-        from .plugin.patches import SUPPORTED_PREFIX, data_juicer_version, supported
+        from data_juicer_elastic.plugin.patches import SUPPORTED_PREFIX, data_juicer_version, supported
 
         if not supported():
-            raise UserError(
-                f"RayShardRunner needs Data-Juicer {SUPPORTED_PREFIX}x, found {data_juicer_version()}"
-            )
+            raise UserError(f"RayShardRunner needs Data-Juicer {SUPPORTED_PREFIX}x, found {data_juicer_version()}")
         recipe, sha = read_recipe(key)
         job = JobDir(key)
         if job.exists() and job.manifest().recipe_sha256 != sha:

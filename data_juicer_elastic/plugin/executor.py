@@ -12,21 +12,21 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Optional
+from typing import Any
 
 from data_juicer.core.executor.base import ExecutorBase
 from jsonargparse import Namespace
 from loguru import logger
 
-from .coordination import JobSpec, run_job
-from .errors import JobFailed, UserError
-from .jobdir import JobDir, Policy
-from .plugin.recipe import snapshot_of
-from .plugin.schema import NAME, ElasticShardSettings, settings_from_cfg
-from .plugin.validation import INPUT_SUFFIXES, recipe_keys
-from .prepare import PrepareRequest
-from .runner import RayShardRunner
-from .versions import current_versions
+from data_juicer_elastic.coordination.session import JobSpec, run_job
+from data_juicer_elastic.errors import JobFailed, UserError
+from data_juicer_elastic.job.layout import JobDir, Policy
+from data_juicer_elastic.job.versions import current_versions
+from data_juicer_elastic.plugin.recipe import snapshot_of
+from data_juicer_elastic.plugin.runner import RayShardRunner
+from data_juicer_elastic.plugin.schema import NAME, ElasticShardSettings, settings_from_cfg
+from data_juicer_elastic.plugin.validation import INPUT_SUFFIXES, recipe_keys
+from data_juicer_elastic.prepare.driver import PrepareRequest
 
 AUTO_SHARD_BYTES = 256 << 20  # num_shards "auto": about this much input per shard
 
@@ -106,7 +106,7 @@ def job_spec(cfg: Any, recipe_text: str) -> JobSpec:
 class ElasticShardExecutor(ExecutorBase):
     """Shards the input over every node sharing ``elastic_shard.job_dir``; see DESIGN.md."""
 
-    def __init__(self, cfg: Optional[Namespace] = None) -> None:
+    def __init__(self, cfg: Namespace | None = None) -> None:
         super().__init__(cfg)
         self.executor_type = NAME
         if self.cfg.get("executor_type") != NAME:
@@ -120,7 +120,7 @@ class ElasticShardExecutor(ExecutorBase):
         self.recipe_text = text
         self.spec = job_spec(self.cfg, text)
 
-    def run(self, load_data_np: Optional[int] = None, skip_return: bool = False) -> None:
+    def run(self, load_data_np: int | None = None, skip_return: bool = False) -> None:
         """This process's part of the job; raises JobFailed (with the shared exit code) unless it passed."""
         code = run_job(self.spec, log=logger.info)
         if code != 0:

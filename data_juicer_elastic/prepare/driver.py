@@ -27,9 +27,10 @@ from typing import Any
 
 import yaml
 
-from .errors import UserError
-from .jobdir import InputFile, JobDir, Manifest, Policy, ShardSource, ShardSpec, shard_id
-from .prep_inputs import (
+from data_juicer_elastic.errors import UserError
+from data_juicer_elastic.job.layout import InputFile, JobDir, Manifest, Policy, ShardSource, ShardSpec, shard_id
+from data_juicer_elastic.jsonl import RowRules
+from data_juicer_elastic.prepare.inputs import (
     STAGING_MARK,
     Dataset,
     InputSpec,
@@ -39,12 +40,18 @@ from .prep_inputs import (
     discover,
     materialise,
 )
-from .prep_jsonl import RowRules
-from .prep_pool import Counter, make_pool
-from .prep_shards import ShardOutcome, ShardTask, SourceRange, count_rows, newlines_before, write_shard
-from .prep_split import Piece, Stream, TooFewRows, plan
-from .progress import ProgressBar
-from .storage import atomic_write, disk_full_in, dumps_json, fsync_dir, no_space_error
+from data_juicer_elastic.prepare.pool import Counter, make_pool
+from data_juicer_elastic.prepare.shards import (
+    ShardOutcome,
+    ShardTask,
+    SourceRange,
+    count_rows,
+    newlines_before,
+    write_shard,
+)
+from data_juicer_elastic.prepare.split import Piece, Stream, TooFewRows, plan
+from data_juicer_elastic.progress import ProgressBar
+from data_juicer_elastic.storage.files import atomic_write, disk_full_in, dumps_json, fsync_dir, no_space_error
 
 INLINE_BELOW = 32 << 20  # smaller inputs are not worth starting worker processes for
 MAX_JOBS = 8
@@ -134,7 +141,7 @@ def _refuse_occupied(root: Path) -> None:
     if entries:
         shown = ", ".join(entries[:5]) + (" ..." if len(entries) > 5 else "")
         raise UserError(
-            f"{root}: exists, is not empty ({shown}) and holds no manifest.json; " "choose a new or empty job dir"
+            f"{root}: exists, is not empty ({shown}) and holds no manifest.json; choose a new or empty job dir"
         )
 
 
@@ -205,7 +212,8 @@ class _Staging:
         except OSError as exc:
             self._remove_parents()
             raise UserError(
-                f"{self.path}: cannot create the staging folder ({exc.strerror}); check permissions on {self.target.parent}"
+                f"{self.path}: cannot create the staging folder ({exc.strerror}); "
+                f"check permissions on {self.target.parent}"
             ) from exc
         return self
 
@@ -304,7 +312,8 @@ class _Build:
             stream, ranges = plan([m.data_path for m in mats], [m.data_size for m in mats], n)
         except TooFewRows as exc:
             raise UserError(
-                f"num_shards: {n} requested but the input has only {exc.rows} rows; set num_shards between 1 and {exc.rows}"
+                f"num_shards: {n} requested but the input has only {exc.rows} rows; "
+                f"set num_shards between 1 and {exc.rows}"
             ) from exc
         return stream, [stream.pieces(a, b) for a, b in ranges]
 
@@ -353,7 +362,7 @@ class _Build:
         self, outcomes: list[ShardOutcome | None], tasks: list[ShardTask], mats: list[Materialised]
     ) -> None:
         """Report the first bad line in input order as file:line, with what to do."""
-        for outcome, task in zip(outcomes, tasks):
+        for outcome, task in zip(outcomes, tasks, strict=True):
             if outcome is None or outcome.bad is None:
                 continue
             rng = task.ranges[outcome.bad.range_index]
@@ -368,9 +377,9 @@ class _Build:
         n = len(pieces)
         file_rows = [0] * len(self.inputs)
         shards, row = [], 0
-        for i, (ps, outcome) in enumerate(zip(pieces, outcomes)):
+        for i, (ps, outcome) in enumerate(zip(pieces, outcomes, strict=True)):
             sources = []
-            for p, rows, sha in zip(ps, outcome.range_rows, outcome.range_sha256):
+            for p, rows, sha in zip(ps, outcome.range_rows, outcome.range_sha256, strict=True):
                 sources.append(ShardSource(self.inputs[p.file].rel, p.start, p.end, file_rows[p.file] + 1, sha))
                 file_rows[p.file] += rows
             sid = shard_id(i, n)
@@ -379,7 +388,7 @@ class _Build:
             )
             row += outcome.rows
         files = tuple(
-            InputFile(s.rel, s.seen.size, s.seen.mtime_ns, rows) for s, rows in zip(self.inputs, file_rows)
+            InputFile(s.rel, s.seen.size, s.seen.mtime_ns, rows) for s, rows in zip(self.inputs, file_rows, strict=True)
         )
         req = self.req
         return Manifest(

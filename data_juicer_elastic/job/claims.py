@@ -22,8 +22,8 @@ from pathlib import Path
 
 import orjson
 
-from .jobdir import JobDir
-from .storage import create_exclusive, dumps_json, server_now, touch
+from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.storage.files import create_exclusive, dumps_json, server_now, touch
 
 SEP = "@"
 RELEASED_MTIME = 1  # a released lease's mtime; anything at or below it reads as released

@@ -27,14 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from .claims import RELEASED_MTIME, ClaimStore, Heartbeat, Lease
-from .errors import ElasticError, IntegrityError, UserError
-from .identity import hostname
-from .jobdir import JobDir, attempt_name
-from .outputs import inspect_output
-from .pacing import TAIL_LIMIT, BusyWorker, Pace, should_claim
-from .status import failure_message
-from .storage import (
+from data_juicer_elastic.errors import ElasticError, IntegrityError, UserError
+from data_juicer_elastic.job.claims import RELEASED_MTIME, ClaimStore, Heartbeat, Lease
+from data_juicer_elastic.job.identity import hostname
+from data_juicer_elastic.job.layout import JobDir, attempt_name
+from data_juicer_elastic.status import failure_message
+from data_juicer_elastic.storage.files import (
     atomic_write,
     disk_full_in,
     dumps_json,
@@ -44,6 +42,8 @@ from .storage import (
     read_json,
     read_record,
 )
+from data_juicer_elastic.worker.outputs import inspect_output
+from data_juicer_elastic.worker.pacing import TAIL_LIMIT, BusyWorker, Pace, should_claim
 
 # Outcomes of an attempt that do not count against the retry budget: the
 # worker was told to stop, it stalled and someone else took the shard, or the disk was full.
@@ -107,8 +107,10 @@ def failure_count(job: JobDir, shard: str, upto: int) -> int:
         except (OSError, ValueError, AttributeError):
             base = None
         if type(base) is not int or base < 0:
-            raise IntegrityError(f"{job.retry_path(shard)}: not a retry record (after_attempt must be a "
-                                 "whole number); restore it or run `dj-elastic retry` for the shard again")
+            raise IntegrityError(
+                f"{job.retry_path(shard)}: not a retry record (after_attempt must be a "
+                "whole number); restore it or run `dj-elastic retry` for the shard again"
+            )
     count = 0
     for attempt in range(base + 1, upto + 1):
         outcome = read_record(job.attempt_dir(shard, attempt) / "attempt.json").get("outcome")  # None: lost
@@ -163,7 +165,7 @@ class Worker:
         done = self.job.done_ids()
         failed = self.job.failed_ids()
         latest = self.store.latest_attempts()
-        ordered = self.order[self._offset:] + self.order[: self._offset]
+        ordered = self.order[self._offset :] + self.order[: self._offset]
         free, held = [], []
         for sid in ordered:
             if sid in done or sid in failed:
@@ -210,13 +212,19 @@ class Worker:
         for sid, attempt in busy:
             info = read_record(self.job.attempt_dir(sid, attempt) / "attempt.json")
             pace, claimed_at = info.get("pace"), info.get("claimed_at")
-            if isinstance(pace, (int, float)) and isinstance(claimed_at, (int, float)) and claimed_at > 0 \
-                    and not info.get("final"):
+            if (
+                isinstance(pace, (int, float))
+                and isinstance(claimed_at, (int, float))
+                and claimed_at > 0
+                and not info.get("final")
+            ):
                 workers.append(BusyWorker(float(pace), max(now - claimed_at, 0.0)))
         turn = should_claim(self.pace.seconds, workers, claimable)
         if not turn and not self._waiting:
-            self.log(f"leaving the last {claimable} shard(s) to faster workers "
-                     f"(this one takes {self.pace.seconds:.1f}s per shard)")
+            self.log(
+                f"leaving the last {claimable} shard(s) to faster workers "
+                f"(this one takes {self.pace.seconds:.1f}s per shard)"
+            )
         self._waiting = not turn
         return turn
 
@@ -270,13 +278,21 @@ class Worker:
     def _last_claim(self, completed: int) -> bool:
         """True if this worker's limits let it take no shard after the one it just claimed."""
         return (self.claim_limit is not None and self.claimed >= self.claim_limit) or (
-            self.max_shards is not None and completed + 1 >= self.max_shards)
+            self.max_shards is not None and completed + 1 >= self.max_shards
+        )
 
     def _run_attempt(self, lease: Lease, final: bool) -> str:
         info = {
-            "shard": lease.shard, "attempt": lease.attempt, "host": self.host, "pid": os.getpid(),
-            "token": lease.token, "started_at": time.time(), "outcome": "running",
-            "claimed_at": lease.claimed_at, "pace": self.pace.seconds, "final": final,
+            "shard": lease.shard,
+            "attempt": lease.attempt,
+            "host": self.host,
+            "pid": os.getpid(),
+            "token": lease.token,
+            "started_at": time.time(),
+            "outcome": "running",
+            "claimed_at": lease.claimed_at,
+            "pace": self.pace.seconds,
+            "final": final,
         }
         t0 = time.monotonic()
         try:
@@ -317,10 +333,16 @@ class Worker:
             self.log(f"{sid} attempt {attempt_name(attempt)} superseded; not publishing")
             return "superseded"
         record = {
-            "shard": sid, "attempt": attempt, "host": self.host, "pid": os.getpid(),
-            "rows": digest.rows, "bytes": digest.bytes, "sha256": digest.sha256,
+            "shard": sid,
+            "attempt": attempt,
+            "host": self.host,
+            "pid": os.getpid(),
+            "rows": digest.rows,
+            "bytes": digest.bytes,
+            "sha256": digest.sha256,
             "output": str(output.relative_to(self.job.root)),
-            "started_at": info["started_at"], "finished_at": time.time(),
+            "started_at": info["started_at"],
+            "finished_at": time.time(),
         }
         try:
             published = publish_once(self.job.done_path(sid), dumps_json(record))
@@ -371,8 +393,10 @@ class Worker:
         try:
             sha, size = hash_file(str(path))
         except OSError as exc:
-            raise ShardMismatch(f"{path}: cannot be read ({exc.strerror}); restore it from a backup "
-                                "or prepare the job again in a new job dir") from exc
+            raise ShardMismatch(
+                f"{path}: cannot be read ({exc.strerror}); restore it from a backup "
+                "or prepare the job again in a new job dir"
+            ) from exc
         if (size, sha) != (spec.bytes, spec.sha256):
             raise ShardMismatch(
                 f"{path}: does not match the manifest ({size} bytes, sha256 {sha[:12]}…; the manifest says "
@@ -386,18 +410,26 @@ class Worker:
         sid, attempt = lease.shard, lease.attempt
         adir = self.job.attempt_dir(sid, attempt)
         published = _read_attempt(self.job, sid) == attempt
-        for step in (() if published else (
-            lambda: (adir / "processed.jsonl").unlink(missing_ok=True),  # frees the space it took
-            lambda: self._finish(adir, info, "no-space", f"no space left on device writing {exc.path}"),
-        )):
+        for step in (
+            ()
+            if published
+            else (
+                lambda: (adir / "processed.jsonl").unlink(missing_ok=True),  # frees the space it took
+                lambda: self._finish(adir, info, "no-space", f"no space left on device writing {exc.path}"),
+            )
+        ):
             try:
                 step()
             except OSError:
                 pass
         self.store.release(lease)
         self.log(f"{sid} attempt {attempt_name(attempt)}: no space left on device; stopping")
-        return no_space_error(exc.path, exc.error, f"running {sid} attempt {attempt_name(attempt)} "
-                              "(the shard is not counted as failed and can be claimed again)")
+        return no_space_error(
+            exc.path,
+            exc.error,
+            f"running {sid} attempt {attempt_name(attempt)} "
+            "(the shard is not counted as failed and can be claimed again)",
+        )
 
     def _attempt_failed(self, lease: Lease, adir: Path, info: dict, exc: Exception, terminal: bool = False) -> str:
         error = f"{type(exc).__name__}: {exc}"
@@ -418,9 +450,14 @@ class Worker:
     def _publish_failed(self, sid: str, attempt: int, error: str) -> None:
         log_path = self.job.attempt_dir(sid, attempt) / "process.log"
         record = {
-            "shard": sid, "attempt": attempt, "host": self.host, "pid": os.getpid(), "error": error,
+            "shard": sid,
+            "attempt": attempt,
+            "host": self.host,
+            "pid": os.getpid(),
+            "error": error,
             "log": str(log_path.relative_to(self.job.root)),
-            "failures": failure_count(self.job, sid, attempt), "at": time.time(),
+            "failures": failure_count(self.job, sid, attempt),
+            "at": time.time(),
         }
         publish_once(self.job.failed_path(sid), dumps_json(record))
 

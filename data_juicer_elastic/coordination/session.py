@@ -44,19 +44,27 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .claims import ClaimStore
-from .errors import ElasticError, IntegrityError, UserError
-from .identity import hostname
-from .jobdir import JobDir
-from .merge import merge, verify
-from .prepare import prepare
-from .status import failure_message
-from .storage import atomic_write, dumps_json, publish_once, read_json, read_record, server_now, touch
-from .versions import check_versions
-from .worker import Interrupted, Runner, run_worker, signals_raise_interrupted
+from data_juicer_elastic.errors import ElasticError, IntegrityError, UserError
+from data_juicer_elastic.job.claims import ClaimStore
+from data_juicer_elastic.job.identity import hostname
+from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.job.versions import check_versions
+from data_juicer_elastic.merge import merge, verify
+from data_juicer_elastic.prepare.driver import prepare
+from data_juicer_elastic.status import failure_message
+from data_juicer_elastic.storage.files import (
+    atomic_write,
+    dumps_json,
+    publish_once,
+    read_json,
+    read_record,
+    server_now,
+    touch,
+)
+from data_juicer_elastic.worker.loop import Interrupted, Runner, run_worker, signals_raise_interrupted
 
 if TYPE_CHECKING:
-    from .prepare import PrepareRequest
+    from data_juicer_elastic.prepare.driver import PrepareRequest
 
 Log = Callable[[str], None]
 
@@ -130,8 +138,13 @@ class Outcome:
 
     @classmethod
     def from_dict(cls, d: Mapping) -> Outcome:
-        return cls(int(d["exit_code"]), str(d["message"]), str(d.get("host", "")), int(d.get("pid", 0)),
-                   dict(d.get("hosts") or {}))
+        return cls(
+            int(d["exit_code"]),
+            str(d["message"]),
+            str(d.get("host", "")),
+            int(d.get("pid", 0)),
+            dict(d.get("hosts") or {}),
+        )
 
 
 # run id ------------------------------------------------------------------------------------------
@@ -219,8 +232,10 @@ class RunDir:
             for sub in (*subdirs, "clock"):
                 (root / sub).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise UserError(f"{root}: cannot create the run's coordination folder ({exc.strerror}); "
-                            "check that the job dir's parent is on the shared filesystem and writable") from exc
+            raise UserError(
+                f"{root}: cannot create the run's coordination folder ({exc.strerror}); "
+                "check that the job dir's parent is on the shared filesystem and writable"
+            ) from exc
         publish_once(root / "run.json", dumps_json({"run_id": run_id, "created_at": time.time()}))
         return cls(root, run_id, host, os.getpid())
 
@@ -336,8 +351,11 @@ class _Session:
 
     def execute(self) -> int:
         rank = local_rank()
-        self.log(f"run {self.run_id} on host={self.host} pid={self.pid}"
-                 + (f" local_rank={rank}" if rank is not None else "") + f" job_dir={self.spec.job_dir}")
+        self.log(
+            f"run {self.run_id} on host={self.host} pid={self.pid}"
+            + (f" local_rank={rank}" if rank is not None else "")
+            + f" job_dir={self.spec.job_dir}"
+        )
         lobby = RunDir.open(lobby_root(self.spec.job_dir, self.run_id), self.run_id, self.host, subdirs=())
         self.note_replay(lobby)
         outcome = self.coordinate(lobby, "prepare", self.do_prepare)
@@ -352,11 +370,16 @@ class _Session:
         """Say so when this run id already ended: its recorded outcome is all a process will get."""
         prepared = lobby.read("prepare.result.json")
         run = run_root(self.spec.job_dir, self.run_id)
-        ended = (prepared if prepared and prepared.exit_code else None) or _outcome(run / "finalize.result.json") \
+        ended = (
+            (prepared if prepared and prepared.exit_code else None)
+            or _outcome(run / "finalize.result.json")
             or _outcome(run / "abort.json")
+        )
         if ended:
-            self.log(f"run {self.run_id} already ended (exit {ended.exit_code}); reporting its recorded outcome. "
-                     "To run the job again, submit it with a new run id")
+            self.log(
+                f"run {self.run_id} already ended (exit {ended.exit_code}); reporting its recorded outcome. "
+                "To run the job again, submit it with a new run id"
+            )
 
     def report(self, outcome: Outcome) -> int:
         self.log(("PASS: " if outcome.exit_code == EXIT_OK else "FAIL: ") + outcome.message)
@@ -378,8 +401,13 @@ class _Session:
             except ElasticError as exc:
                 outcome = Outcome(exc.exit_code, f"{role} failed on host={self.host}: {exc}")
             except Interrupted as exc:
-                run.publish(result, Outcome(EXIT_FAILED, f"the {role} coordinator on host={self.host} was "
-                                            f"interrupted ({exc}); submit the job again"))
+                run.publish(
+                    result,
+                    Outcome(
+                        EXIT_FAILED,
+                        f"the {role} coordinator on host={self.host} was interrupted ({exc}); submit the job again",
+                    ),
+                )
                 raise
             except Exception as exc:  # a bug or an unexpected OS error: still tell the others
                 self.log(traceback.format_exc())
@@ -396,11 +424,21 @@ class _Session:
                 return outcome
             age = run.heartbeat_age(f"{role}.coordinator.json")
             if age > timeout:
-                return run.publish(result, Outcome(EXIT_FAILED, (
-                    f"the {role} coordinator (host={ballot.get('host')} pid={ballot.get('pid')}) published no "
-                    f"result and its heartbeat stopped {age:.0f}s ago (wait_timeout_secs={timeout:g}); it was "
-                    "probably killed. Submit the job again (a new run id): the job directory is reused and only "
-                    "unfinished work is redone"), self.host, self.pid))
+                return run.publish(
+                    result,
+                    Outcome(
+                        EXIT_FAILED,
+                        (
+                            f"the {role} coordinator (host={ballot.get('host')} pid={ballot.get('pid')}) published no "
+                            f"result and its heartbeat stopped {age:.0f}s ago (wait_timeout_secs={timeout:g}); it was "
+                            "probably killed. Submit the job again (a new run id): the job directory is reused and "
+                            "only "
+                            "unfinished work is redone"
+                        ),
+                        self.host,
+                        self.pid,
+                    ),
+                )
             time.sleep(self.spec.poll_interval_secs)
 
     # prepare ------------------------------------------------------------------------------------
@@ -424,6 +462,7 @@ class _Session:
             "or turn require_all_nodes off"
         )
 
+
 @dataclass
 class _AfterPrepare(_Session):
     """The same process once the job dir exists: claim loop or wait, then finalize."""
@@ -439,8 +478,10 @@ class _AfterPrepare(_Session):
         """Run this host's claim loop (or wait for it); None once every shard is done."""
         won, ballot = self.run.elect(f"hosts/{safe_key(self.host)}.json")
         if not won:
-            self.log(f"pid={ballot.get('pid')} runs the claim loop for host={self.host}; "
-                     "this process waits for the job result")
+            self.log(
+                f"pid={ballot.get('pid')} runs the claim loop for host={self.host}; "
+                "this process waits for the job result"
+            )
             return self.wait_for_shards()
         early = self.run.aborted() or self.failed_outcome()
         if early or self.all_done():  # nothing to claim: do not start a runner
@@ -455,8 +496,14 @@ class _AfterPrepare(_Session):
         except Exception as exc:
             return self.run.abort(f"host={self.host} cannot run shards: {type(exc).__name__}: {exc}")
         try:
-            result = run_worker(self.job.root, runner, host=self.host, max_shards=self.shard_quota(),
-                                should_stop=lambda: self.run.aborted() is not None, log=self.log)
+            result = run_worker(
+                self.job.root,
+                runner,
+                host=self.host,
+                max_shards=self.shard_quota(),
+                should_stop=lambda: self.run.aborted() is not None,
+                log=self.log,
+            )
         finally:
             _close(runner)
         if result.exit_code >= 128:  # this process was told to stop: it leaves, the job goes on
@@ -511,8 +558,10 @@ class _AfterPrepare(_Session):
         ]
         if self.spec.require_all_nodes and self.spec.nodes:
             missing = max(self.spec.nodes - len(seen), 1)
-            parts.append(f"require_all_nodes expects {self.spec.nodes} nodes and lets each complete at most "
-                         f"{self.shard_quota()} shard(s), so {missing} missing node(s) must take part")
+            parts.append(
+                f"require_all_nodes expects {self.spec.nodes} nodes and lets each complete at most "
+                f"{self.shard_quota()} shard(s), so {missing} missing node(s) must take part"
+            )
         else:
             parts.append("no live worker is left; start more nodes or submit the job again")
         return "; ".join(parts)
@@ -532,8 +581,14 @@ class _AfterPrepare(_Session):
             raise IntegrityError("verify refused the job: " + "; ".join(report.problems or ["incomplete"]))
         merged = merge(self.job, self.spec.export_path, overwrite=self.spec.overwrite_output, log=self.log)
         expected = f" ({len(hosts)} of {self.spec.nodes} expected nodes)" if self.spec.nodes else ""
-        return Outcome(EXIT_OK, f"{merged.shards} shards completed by {len(hosts)} host(s){expected}: {listing}; "
-                       f"{merged.rows} rows merged into {merged.output}", self.host, self.pid, hosts)
+        return Outcome(
+            EXIT_OK,
+            f"{merged.shards} shards completed by {len(hosts)} host(s){expected}: {listing}; "
+            f"{merged.rows} rows merged into {merged.output}",
+            self.host,
+            self.pid,
+            hosts,
+        )
 
 
 # read-only view ----------------------------------------------------------------------------------
@@ -555,8 +610,10 @@ class RunSummary:
         state = "running" if self.outcome is None else ("ok" if self.outcome.exit_code == EXIT_OK else "failed")
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.created_at)) if self.created_at else "?"
         loops = ", ".join(f"{h}(pid {p})" for h, p in sorted(self.claim_loops.items())) or "none"
-        line = (f"run {self.run_id} [{state}] started {when}; {len(self.members)} host(s) joined; "
-                f"prepare by {self.prepared_by or '-'}, claim loops: {loops}, finalize by {self.finalized_by or '-'}")
+        line = (
+            f"run {self.run_id} [{state}] started {when}; {len(self.members)} host(s) joined; "
+            f"prepare by {self.prepared_by or '-'}, claim loops: {loops}, finalize by {self.finalized_by or '-'}"
+        )
         return line + (f"\n  {self.outcome.message}" if self.outcome else "")
 
 

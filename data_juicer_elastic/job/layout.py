@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import IntegrityError, UserError
-from .storage import dumps_json, read_json
+from data_juicer_elastic.errors import IntegrityError, UserError
+from data_juicer_elastic.storage.files import dumps_json, read_json
 
 SCHEMA_VERSION = 3  # 2: the manifest carries its digest; 3: inputs fingerprinted per source range
 SHARD_ID_RE = re.compile(r"^part-(\d{5})-of-(\d{5})$")

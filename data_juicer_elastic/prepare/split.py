@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
 from dataclasses import dataclass
 
 SCAN = 1 << 20
@@ -99,13 +100,13 @@ def plan(paths: list[str], sizes: list[int], n: int) -> tuple[Stream, list[tuple
     cuts.discard(total)
     _split_until(stream, cuts, n)
     bounds = [0, *sorted(cuts), total]
-    return stream, list(zip(bounds, bounds[1:]))
+    return stream, list(itertools.pairwise(bounds))
 
 
 def _split_until(stream: Stream, cuts: set[int], n: int) -> None:
     """Split the largest range that holds two or more lines until there are n - 1 cuts."""
     bounds = [0, *sorted(cuts), stream.total]
-    heap = [(a - b, a, b) for a, b in zip(bounds, bounds[1:])]  # largest range first
+    heap = [(a - b, a, b) for a, b in itertools.pairwise(bounds)]  # largest range first
     heapq.heapify(heap)
     while len(cuts) < n - 1:
         if not heap:  # every range is a single line

@@ -11,12 +11,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import UserError
-from .plugin.schema import NAME
+from data_juicer_elastic.errors import UserError
+from data_juicer_elastic.plugin.schema import NAME
 
 # dj-elastic prepare options that override elastic_shard keys of the same name
-PREPARE_SETTINGS = ("job_dir", "num_shards", "lock_timeout_secs", "heartbeat_secs", "max_retries",
-                    "poll_interval_secs", "ray_address")
+PREPARE_SETTINGS = (
+    "job_dir",
+    "num_shards",
+    "lock_timeout_secs",
+    "heartbeat_secs",
+    "max_retries",
+    "poll_interval_secs",
+    "ray_address",
+)
 
 
 def override_args(options: Any) -> list[str]:
@@ -34,8 +41,8 @@ def executor_for(config: str, extra: list[str], *, load_configs_only: bool) -> A
     """The ElasticShardExecutor of a recipe parsed and validated as dj-process parses it."""
     from data_juicer.config import init_configs
 
-    from .executor import ElasticShardExecutor
-    from .plugin import hook
+    from data_juicer_elastic.plugin import hook
+    from data_juicer_elastic.plugin.executor import ElasticShardExecutor
 
     if hook.disabled():
         raise UserError("DJ_ELASTIC_DISABLE is set: unset it to run elastic_shard recipes")
@@ -45,7 +52,7 @@ def executor_for(config: str, extra: list[str], *, load_configs_only: bool) -> A
 
 def prepare_from_recipe(config: str, cli_overrides: Any = None) -> None:
     """Validate the recipe and prepare its job directory (a no-op if it already holds this request)."""
-    from .prepare import prepare
+    from data_juicer_elastic.prepare.driver import prepare
 
     executor = executor_for(config, override_args(cli_overrides), load_configs_only=True)
     prepare(executor.spec.make_prepare_request())

@@ -6,8 +6,8 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import IntegrityError
-from .prep_jsonl import LineProblem, check_objects, split_lines
+from data_juicer_elastic.errors import IntegrityError
+from data_juicer_elastic.jsonl import LineProblem, check_objects, split_lines
 
 BLOCK = 16 << 20
 
@@ -23,7 +23,9 @@ def _check_lines(lines: list[bytes], path: Path, first_line: int) -> None:
     try:
         check_objects(lines)
     except LineProblem as bad:
-        raise IntegrityError(f"{path}:{first_line + bad.index}: output row is not one JSON object ({bad.message})") from None
+        raise IntegrityError(
+            f"{path}:{first_line + bad.index}: output row is not one JSON object ({bad.message})"
+        ) from None
 
 
 def inspect_output(path: str | Path) -> OutputDigest:

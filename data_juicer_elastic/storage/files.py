@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from .errors import UserError
+from data_juicer_elastic.errors import UserError
 
 _JSON_OPTS = orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE
 
@@ -70,7 +70,7 @@ def _write_temp(path: str | os.PathLike, data: bytes) -> Path:
     try:
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         os.fsync(fd)
     except BaseException:
         os.close(fd)
@@ -232,7 +232,7 @@ def remove_dead_temps(path: str | os.PathLike) -> int:
         return 0
     removed = 0
     for name in names:
-        pid, _, tag = name[len(prefix):].partition("-")
+        pid, _, tag = name[len(prefix) :].partition("-")
         if not name.startswith(prefix) or not pid.isdigit() or len(tag) != 8 or _alive(int(pid)):
             continue
         _unlink_quietly(p.parent / name)

@@ -21,9 +21,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .bulk_write import BulkWriter
-from .errors import UserError
-from .prep_jsonl import LineProblem, RowRules, process_lines, split_lines
+from data_juicer_elastic.errors import UserError
+from data_juicer_elastic.jsonl import LineProblem, RowRules, process_lines, split_lines
+from data_juicer_elastic.storage.bulk_write import BulkWriter
 
 BLOCK = 1 << 20
 

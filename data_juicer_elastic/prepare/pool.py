@@ -4,7 +4,7 @@ Why not multiprocessing: ``fork`` is unsafe once the caller runs threads (the
 coordinator's heartbeat, Ray's), and ``spawn``/``forkserver`` re-run the
 caller's ``__main__``, which breaks scripts without a main guard and drags
 Data-Juicer into every worker. The children here run ``python -m
-data_juicer_elastic.prep_pool`` and import only what a task needs.
+data_juicer_elastic.prepare.pool`` and import only what a task needs.
 
 Protocol, length-prefixed pickles over the child's stdin/stdout: the child
 first says ``("ready", None)``; then parent -> child ``(fn, args)`` (EOF to
@@ -26,7 +26,7 @@ from collections.abc import Callable
 from concurrent.futures import CancelledError, Executor, Future
 from typing import Any, BinaryIO
 
-from . import prep_shards
+from data_juicer_elastic.prepare import shards as prep_shards
 
 _LEN = struct.Struct("<Q")
 PROGRESS_EVERY = 8 << 20
@@ -101,7 +101,7 @@ class ChildPool(Executor):
             fut, fn, args = item
             try:
                 fut.set_result(run(fn, args))
-            except BaseException as exc:  # noqa: BLE001 - the task's failure belongs to its future
+            except BaseException as exc:
                 fut.set_exception(exc)
 
     def _work_here(self) -> None:
@@ -174,7 +174,7 @@ def _start_child() -> subprocess.Popen:
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
     return subprocess.Popen(
-        [sys.executable, "-m", "data_juicer_elastic.prep_pool"],
+        [sys.executable, "-m", "data_juicer_elastic.prepare.pool"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         env=env,
@@ -247,7 +247,7 @@ def _child_main() -> None:
         fn, args = task
         try:
             reply = ("ok", fn(*args))
-        except BaseException as exc:  # noqa: BLE001 - every failure goes back to the parent
+        except BaseException as exc:
             reply = ("err", _picklable(exc))
         if pending[0]:
             _send(proto_out, ("progress", pending[0]))
@@ -259,7 +259,7 @@ def _picklable(exc: BaseException) -> BaseException:
     try:
         pickle.loads(pickle.dumps(exc))
         return exc
-    except Exception:  # noqa: BLE001 - fall back to the text of the error
+    except Exception:
         return RuntimeError("".join(traceback.format_exception(exc)))
 
 
