@@ -35,6 +35,7 @@ import hashlib
 import math
 import os
 import re
+import signal
 import threading
 import time
 import traceback
@@ -45,6 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from data_juicer_elastic.errors import ElasticError, IntegrityError, UserError
+from data_juicer_elastic.interrupts import Interrupted, received, signals_raise_interrupted
 from data_juicer_elastic.job.claims import ClaimStore
 from data_juicer_elastic.job.identity import hostname
 from data_juicer_elastic.job.layout import JobDir
@@ -61,7 +63,7 @@ from data_juicer_elastic.storage.files import (
     server_now,
     touch,
 )
-from data_juicer_elastic.worker.loop import Interrupted, Runner, run_worker, signals_raise_interrupted
+from data_juicer_elastic.worker.loop import Runner, run_worker
 
 if TYPE_CHECKING:
     from data_juicer_elastic.prepare.driver import PrepareRequest
@@ -317,7 +319,21 @@ class Pulse:
 
 
 def run_job(spec: JobSpec, *, log: Log = print) -> int:
-    """Run this process's part of the submission; the exit code is the same on every process."""
+    """Run this process's part of the submission; the exit code is the same on every process.
+
+    A stop signal at any moment (prepare, Ray start-up, a shard, waiting,
+    merge) ends it with ``128 + N`` once what it holds is released.
+    """
+    code = EXIT_FAILED
+    with signals_raise_interrupted(suppress=True):
+        code = _run_job(spec, log)
+    signum = received()
+    if signum is not None and code < 128:  # stopped where no handler of ours saw it
+        log(f"FAIL: interrupted by {signal.Signals(signum).name}")
+    return code if signum is None else 128 + signum
+
+
+def _run_job(spec: JobSpec, log: Log) -> int:
     try:
         spec.check()
         return _Session(spec, resolve_run_id(spec.run_id), hostname(), log).execute()

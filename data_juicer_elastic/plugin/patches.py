@@ -169,6 +169,10 @@ class _UserFailure(BaseException):
 
 
 def report(error: ElasticError) -> int:
+    """The one-line error, after every queued log line (Data-Juicer's loguru sinks write from a thread)."""
+    from loguru import logger
+
+    logger.complete()
     sys.stderr.write(f"dj-process: error: {error}\n")
     sys.stderr.flush()
     return error.exit_code

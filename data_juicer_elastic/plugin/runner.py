@@ -22,7 +22,6 @@ import logging
 import os
 import re
 import shutil
-import signal
 import tempfile
 import threading
 import time
@@ -35,6 +34,7 @@ from typing import Any
 import yaml
 
 from data_juicer_elastic.errors import IntegrityError, UserError
+from data_juicer_elastic.interrupts import reassert
 from data_juicer_elastic.job.layout import JobDir
 
 RECIPE_NAME = "recipe.yaml"
@@ -64,8 +64,8 @@ def start_ray(address: str, py_modules: list[str] | None = None) -> bool:
 
     Workers get ``RAY_JOB=1`` (Data-Juicer's Ray mode) and the custom operator
     paths, as Data-Juicer's own ``initialize_ray`` would give them. Ray's
-    SIGTERM handler would replace a caller's own (the worker loop turns
-    SIGTERM into a clean stop), so a Python-level handler set before is put back.
+    SIGTERM handler does not replace the worker's while the worker's guard is
+    active (see ``interrupts``).
     """
     import ray
     from data_juicer.utils.constant import RAY_JOB_ENV_VAR
@@ -83,12 +83,8 @@ def start_ray(address: str, py_modules: list[str] | None = None) -> bool:
         kwargs: dict[str, Any] = {"runtime_env": runtime_env}
         if address in ("", LOCAL):
             address, kwargs["include_dashboard"] = LOCAL, False
-        main = threading.current_thread() is threading.main_thread()
-        saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)} if main else {}
         ray.init(address=address, **kwargs)
-        for sig, handler in saved.items():
-            if callable(handler) and signal.getsignal(sig) is not handler:
-                signal.signal(sig, handler)
+        reassert()  # Ray's native SIGTERM handler would abort the process 3 s after a stop signal
         return True
 
 

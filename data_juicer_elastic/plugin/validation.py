@@ -110,6 +110,24 @@ def op_problem(entry: OpEntry) -> str | None:
     return None
 
 
+def argument_problems(entry: OpEntry) -> list[str]:
+    """The op's arguments checked as RayExecutor checks them before it builds the ops.
+
+    Data-Juicer's own pre-instantiation check (``strict_preflight``): each key
+    must be a parameter of the op class or one of its bases (with a "did you
+    mean" suggestion otherwise) and plain types must match. Nothing is
+    instantiated, so no model is loaded.
+    """
+    from data_juicer.core.preflight import PipelineConfigError, pre_instantiation_check
+
+    args = {k: v for k, v in entry.args.items() if k not in _NESTED_LISTS}  # inner ops are checked on their own
+    try:
+        pre_instantiation_check([{entry.name: args}])
+    except PipelineConfigError as exc:
+        return [str(e).removeprefix(f"[{entry.name}] ") for e in exc.errors]
+    return []
+
+
 def _is_remote(path: str) -> bool:
     scheme = urlparse(path).scheme
     return len(scheme) > 1  # "c:" is a drive letter, not a scheme
@@ -171,10 +189,13 @@ def recipe_problems(cfg: Any, process: list[Any] | None = None) -> list[str]:
     ops = list(iter_ops(cfg.get("process") if process is None else process))
     if not ops:
         problems.append("the process list is empty; nothing to run")
+    strict = cfg.get("strict_preflight", True) is not False  # Data-Juicer's switch for the same check at run time
     for entry in ops:
         why = op_problem(entry)
         if why:
             problems.append(f"{entry.where}: {why}")
+        elif strict:
+            problems.extend(f"{entry.where}: {p}" for p in argument_problems(entry))
     return problems
 
 
@@ -186,8 +207,9 @@ def validate(cfg: Any, process: list[Any] | None = None, source: str | None = No
         raise UserError(
             f"{where}this recipe cannot run with executor_type elastic_shard:\n"
             + "\n".join(f"  - {p}" for p in problems)
-            + "\nOnly shard-independent Mapper/Filter ops run shard by shard; run global ops "
-            "(dedup, selection, grouping, aggregation) in a separate executor_type ray job."
+            + "\nOnly shard-independent Mapper/Filter ops run shard by shard (run global ops: dedup, selection, "
+            "grouping, aggregation, in a separate executor_type ray job), and every op argument must be one "
+            "that the op takes."
         )
 
 

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import signal
-import threading
 import time
 import traceback
 import zlib
@@ -28,6 +26,7 @@ from pathlib import Path
 from typing import Protocol
 
 from data_juicer_elastic.errors import ElasticError, IntegrityError, UserError
+from data_juicer_elastic.interrupts import Interrupted, received, signals_raise_interrupted
 from data_juicer_elastic.job.claims import RELEASED_MTIME, ClaimStore, Heartbeat, Lease
 from data_juicer_elastic.job.identity import hostname
 from data_juicer_elastic.job.layout import JobDir, attempt_name
@@ -64,14 +63,6 @@ class _NoSpace(Exception):
     def __init__(self, path: Path, error: OSError) -> None:
         super().__init__(str(error))
         self.path, self.error = path, error
-
-
-class Interrupted(BaseException):
-    """Raised in the main thread by SIGTERM/SIGINT so a running shard stops at once."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
 
 
 @dataclass
@@ -325,6 +316,10 @@ class Worker:
         except ShardMismatch as exc:  # retrying cannot heal an edited shard
             return self._attempt_failed(lease, adir, info, exc, terminal=True)
         except Exception as exc:  # the runner's failure fails the attempt, not the worker
+            if (signum := received()) is not None:  # the runner wrapped our Interrupted in its own error
+                self._finish(adir, info, "interrupted")
+                self.store.release(lease)
+                raise Interrupted(signum) from exc
             if full := disk_full_in(exc):
                 raise _NoSpace(output, full) from exc
             return self._attempt_failed(lease, adir, info, exc)
@@ -466,25 +461,6 @@ def _read_attempt(job: JobDir, sid: str) -> int | None:
     """The attempt the shard's done record names, if there is one."""
     attempt = read_record(job.done_path(sid)).get("attempt")
     return attempt if type(attempt) is int else None
-
-
-class signals_raise_interrupted:
-    """SIGTERM/SIGINT raise ``Interrupted`` in the main thread (no-op in other threads)."""
-
-    def __enter__(self) -> None:
-        self._old: dict[int, object] = {}
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self._old[sig] = signal.signal(sig, _raise_interrupted)
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._old.items():
-            signal.signal(sig, handler)
-
-
-def _raise_interrupted(signum: int, frame: object) -> None:
-    raise Interrupted(signum)
 
 
 def run_worker(job_dir: str | os.PathLike, runner: Runner, **options) -> WorkerResult:

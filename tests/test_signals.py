@@ -1,0 +1,190 @@
+"""Stop signals reach a real ``dj-process`` (real Ray) at chosen moments: exit 128+N, nothing held.
+
+DESIGN.md invariant 9. Each moment is found through the files the process
+writes (the prepare ballot, this host's claim-loop ballot, a marker the
+slow op writes from its Ray worker), never by sleeping. Ray's ``ray.init``
+installs its own SIGTERM handlers (Python and native) and Data-Juicer calls
+``ray.init`` again for every shard, so these runs are the only proof.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from data_juicer_elastic.job.claims import RELEASED_MTIME
+from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.status import job_status
+from tests.test_integration import DJ_PROCESS, OFFLINE, write_jsonl
+
+pytestmark = pytest.mark.slow
+
+SLOW_OP = '''
+import os
+import time
+from pathlib import Path
+
+from data_juicer.ops.base_op import OPERATORS, Mapper
+
+
+@OPERATORS.register_module("dje_test_slow_mapper")
+class DjeTestSlowMapper(Mapper):
+    """Sleeps DJE_TEST_SLOW seconds per row (0 when unset) after touching DJE_TEST_MARKER."""
+
+    def process_single(self, sample):
+        marker = os.environ.get("DJE_TEST_MARKER")
+        if marker:
+            Path(marker).touch()
+        time.sleep(float(os.environ.get("DJE_TEST_SLOW", "0")))
+        return sample
+'''
+
+
+def slow_job(tmp: Path, rows: int = 24, shards: int = 2) -> Path:
+    """A recipe over ``rows`` rows whose op is slow only when DJE_TEST_SLOW is set."""
+    ops = tmp / "dje_slow_ops.py"
+    ops.write_text(textwrap.dedent(SLOW_OP))
+    write_jsonl(tmp / "data.jsonl", [{"id": i, "text": f"row {i}"} for i in range(rows)])
+    recipe = {
+        "project_name": "signals",
+        "dataset_path": str(tmp / "data.jsonl"),
+        "export_path": str(tmp / "out" / "merged.jsonl"),
+        "np": 1,
+        "custom_operator_paths": [str(ops)],
+        "executor_type": "elastic_shard",
+        "elastic_shard": {
+            "job_dir": str(tmp / "job"),
+            "num_shards": shards,
+            "max_retries": 0,
+            "heartbeat_secs": 1.0,
+            "lock_timeout_secs": 600.0,  # only a release frees a lease within this test
+            "poll_interval_secs": 0.3,
+            "wait_timeout_secs": 300.0,
+        },
+        "process": [{"dje_test_slow_mapper": None}],
+    }
+    path = tmp / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path
+
+
+def start(recipe: Path, log: Path, **env: str) -> subprocess.Popen:
+    full = {k: v for k, v in os.environ.items() if k not in ("DJ_ELASTIC_DISABLE", "RAY_JOB", "RAY_ADDRESS")}
+    full.update(OFFLINE, **env)
+    return subprocess.Popen(
+        [DJ_PROCESS, "--config", str(recipe)],
+        cwd=recipe.parent,
+        env=full,
+        stdout=open(log, "ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def wait_for(what: str, predicate, proc: subprocess.Popen, log: Path, timeout: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if proc.poll() is not None:
+            raise AssertionError(f"dj-process exited {proc.returncode} before {what}:\n{log.read_text()[-4000:]}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}:\n{log.read_text()[-4000:]}")
+        time.sleep(0.05)
+
+
+def stop(proc: subprocess.Popen, sig: int, log: Path) -> int:
+    proc.send_signal(sig)
+    try:
+        return proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError(f"dj-process did not exit after {sig!r}:\n{log.read_text()[-4000:]}") from None
+
+
+def finish(recipe: Path, tmp: Path) -> None:
+    """Another process (fast op, new run) finishes the job the stopped ones left."""
+    log = tmp / "finisher.log"
+    proc = start(recipe, log)
+    assert proc.wait(timeout=600) == 0, log.read_text()[-4000:]
+    assert len((tmp / "out" / "merged.jsonl").read_text().splitlines()) == 24
+
+
+def released(job: Path) -> bool:
+    claims = glob.glob(str(job / "state" / "claims" / "*"))
+    return bool(claims) and all(os.stat(c).st_mtime <= RELEASED_MTIME for c in claims)
+
+
+def test_sigterm_while_waiting_and_mid_shard_releases_and_exits_143(tmp_path):
+    recipe = slow_job(tmp_path)
+    job = tmp_path / "job"
+    marker = tmp_path / "op-started"
+    env = {"DJE_TEST_SLOW": "30", "DJE_TEST_MARKER": str(marker), "DJ_ELASTIC_RUN_ID": "run-signals"}
+    worker_log, waiter_log = tmp_path / "worker.log", tmp_path / "waiter.log"
+    worker = start(recipe, worker_log, **env)
+    try:
+        wait_for(
+            "the claim loop's host ballot", lambda: glob.glob(str(job / "runs/*/hosts/*.json")), worker, worker_log
+        )
+        waiter = start(recipe, waiter_log, **env)  # same run, same host: it only waits
+        wait_for(
+            "the second process to wait", lambda: len(glob.glob(str(job / "runs/*/members/*"))) == 2, waiter, waiter_log
+        )
+        wait_for("the slow op to start in a Ray worker", marker.exists, worker, worker_log)
+        assert stop(waiter, signal.SIGTERM, waiter_log) == 128 + signal.SIGTERM, waiter_log.read_text()[-4000:]
+        assert worker.poll() is None  # the job goes on without the waiter
+        assert stop(worker, signal.SIGTERM, worker_log) == 128 + signal.SIGTERM, worker_log.read_text()[-4000:]
+    finally:
+        for p in (worker, locals().get("waiter")):
+            if p is not None and p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    text = worker_log.read_text()
+    assert text.index("FAIL: host=") < text.index("dj-process: error:"), "the FAIL line comes first"
+    assert released(job), "the lease must be released at once"
+    status = job_status(JobDir(job))
+    assert status.counts["running"] == 0 and status.counts["done"] == 0
+    outcomes = [json.loads(Path(p).read_text())["outcome"] for p in glob.glob(str(job / "attempts/*/*/attempt.json"))]
+    assert outcomes == ["interrupted"]
+    finish(recipe, tmp_path)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGINT])
+def test_stop_signal_during_ray_startup_exits_128_plus_n(tmp_path, sig):
+    recipe = slow_job(tmp_path)
+    job = tmp_path / "job"
+    log = tmp_path / "run.log"
+    proc = start(recipe, log, DJE_TEST_SLOW="30")
+    try:
+        # the host ballot is taken right before this host's runner starts Ray and parses the recipe
+        wait_for("the claim loop's host ballot", lambda: glob.glob(str(job / "runs/*/hosts/*.json")), proc, log)
+        assert stop(proc, sig, log) == 128 + sig, log.read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    claims = glob.glob(str(job / "state" / "claims" / "*"))
+    assert not claims or released(job), "a lease taken meanwhile must be released"
+    finish(recipe, tmp_path)
+
+
+def test_sigint_during_prepare_leaves_no_half_job_and_exits_130(tmp_path):
+    recipe = slow_job(tmp_path)
+    log = tmp_path / "run.log"
+    proc = start(recipe, log, DJE_TEST_SLOW="30")
+    try:
+        # prepare is fast on this input: the signal lands in prepare or just after; either way 130
+        ballot = str(tmp_path / "**" / "prepare.coordinator.json")
+        wait_for("the prepare ballot", lambda: glob.glob(ballot, recursive=True, include_hidden=True), proc, log)
+        assert stop(proc, signal.SIGINT, log) == 128 + signal.SIGINT, log.read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    job = tmp_path / "job"
+    assert not job.exists() or (job / "manifest.json").exists(), "the job dir appears whole or not at all"
+    finish(recipe, tmp_path)
