@@ -125,7 +125,9 @@ def format_status(st, *, show_all: bool) -> str:
         lines.append(f"{'shard':<22} {'state':<8} {'attempts':>8} {'rows':>9}  host")
         for s in shown:
             rows = "" if s.rows is None else str(s.rows)
-            extra = f"  ({s.error})" if s.error else ""
+            notes = [f"{s.lost} attempt(s) lost: killed or stalled"] if s.lost else []
+            notes += [f"{s.error}; log: {s.log or '?'}"] if s.error is not None else []
+            extra = f"  ({'; '.join(notes)})" if notes else ""
             lines.append(f"{s.id:<22} {s.state:<8} {s.attempts:>8} {rows:>9}  {s.host or ''}{extra}")
     return "\n".join(lines)
 

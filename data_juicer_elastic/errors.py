@@ -19,3 +19,7 @@ class IntegrityError(ElasticError):
 
 class JobFailed(ElasticError):
     """A shard failed terminally or the job was aborted."""
+
+
+class PermanentError(ElasticError):
+    """An attempt failed in a way every retry would repeat (a row or recipe error): its shard fails at once."""

@@ -13,12 +13,13 @@ absolute, or a missing index key filled in; all other lines keep their bytes.
 from __future__ import annotations
 
 import io
+import json
 import os
 from collections import deque
 from dataclasses import dataclass
 from functools import cached_property
-from itertools import compress
-from operator import not_
+from itertools import compress, repeat, tee
+from operator import add, ne, not_
 
 import orjson
 
@@ -71,7 +72,7 @@ def process_lines(lines: list[bytes], rules: RowRules, first_row: int) -> list[b
     """
     if rules.index_keys:
         return _process_each(lines, rules, first_row)
-    flags = _fast_scan(lines, rules.media_set)
+    flags = _fast_scan(lines, rules.media_set, unique_keys=True)
     if flags is None or all(flags):
         return None
     out: list[bytes] | None = None
@@ -89,13 +90,25 @@ def check_objects(lines: list[bytes]) -> None:
     _fast_scan(lines, frozenset())
 
 
-def _fast_scan(lines: list[bytes], media: frozenset[str]) -> list[bool] | None:
-    """One C-level pass: every line an object; per line, True if it has none of the media keys."""
+def _fast_scan(lines: list[bytes], media: frozenset[str], unique_keys: bool = False) -> list[bool] | None:
+    """One C-level pass: every line an object; per line, True if it has none of the media keys.
+
+    ``unique_keys`` also refuses a key repeated within one object (see ``_quote_counts``).
+    """
     try:
-        rows = map(dict.keys, map(orjson.loads, lines))  # dict.keys raises TypeError on a non-object
+        rows = map(orjson.loads, lines)
+        if unique_keys:
+            rows, copies = tee(rows)
+            suspects = map(ne, _quote_counts(lines), map(bytes.count, map(orjson.dumps, copies), repeat(b'"')))
+        keys = map(dict.keys, rows)  # dict.keys raises TypeError on a non-object
+        if unique_keys:  # zip keeps the two readers of ``tee`` in step: one row alive at a time
+            pairs = list(zip(map(media.isdisjoint, keys), suspects, strict=True))
+            for i in compress(range(len(pairs)), [p[1] for p in pairs]):
+                _check_unique_keys(lines[i], i)
+            return [p[0] for p in pairs] if media else None
         if media:
-            return list(map(media.isdisjoint, rows))
-        deque(rows, maxlen=0)
+            return list(map(media.isdisjoint, keys))
+        deque(keys, maxlen=0)
         return None
     except (ValueError, TypeError):
         pass
@@ -104,6 +117,36 @@ def _fast_scan(lines: list[bytes], media: frozenset[str]) -> list[bool] | None:
         if problem:
             raise LineProblem(i, problem)
     raise AssertionError("block failed validation but no line did")  # pragma: no cover
+
+
+def _quote_counts(lines: list[bytes]) -> map:
+    """Per line, its quote bytes plus its ``\\u0022`` escapes: an upper bound of the quotes orjson writes back.
+
+    Re-serialised, a row has the same string delimiters and writes every quote
+    character inside a string as ``\\"``; a key orjson dropped as a duplicate
+    takes at least its own two delimiters with it. So a line whose count
+    differs from its re-serialisation's is the only one that may repeat a key,
+    and only those few are parsed again, slowly and exactly.
+    """
+    return map(add, map(bytes.count, lines, repeat(b'"')), map(bytes.count, lines, repeat(b"\\u0022")))
+
+
+def _check_unique_keys(line: bytes, index: int) -> None:
+    """Parse ``line`` keeping every key; raise LineProblem for the first one repeated in an object."""
+
+    def pairs_hook(pairs: list[tuple[str, object]]) -> dict:
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise LineProblem(
+                    index,
+                    f"key {key!r} appears twice in one object; Ray's JSON reader refuses such rows "
+                    "(JSON parsers differ on which value wins): keep one",
+                )
+            seen.add(key)
+        return dict(pairs)
+
+    json.loads(line, object_pairs_hook=pairs_hook)
 
 
 def _process_each(lines: list[bytes], rules: RowRules, first_row: int) -> list[bytes] | None:
@@ -116,6 +159,8 @@ def _process_each(lines: list[bytes], rules: RowRules, first_row: int) -> list[b
             row = None
         if type(row) is not dict:
             raise LineProblem(i, diagnose(line) or "not a JSON object")
+        if line.count(b'"') + line.count(b"\\u0022") != orjson.dumps(row).count(b'"'):
+            _check_unique_keys(line, i)
         if _normalise(row, rules, i, first_row + i):
             if out is None:
                 out = list(lines)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -26,6 +27,8 @@ class ShardStatus:
     input_rows: int = 0
     heartbeat_age_secs: float | None = None
     error: str | None = None
+    log: str | None = None  # a failed shard's process.log, relative to the job dir
+    lost: int = 0  # attempts that ended without recording how (their process was killed or stalled)
 
 
 @dataclass
@@ -73,7 +76,7 @@ def job_status(job: JobDir) -> JobStatus:
             last_finish = max(last_finish, rec.get("finished_at", last_finish))
         elif spec.id in failed:
             rec = read_record(job.failed_path(spec.id))
-            s.state, s.host, s.error = "failed", rec.get("host"), rec.get("error")
+            s.state, s.host, s.error, s.log = "failed", rec.get("host"), one_line(rec.get("error")), rec.get("log")
         elif s.attempts:
             age = store.heartbeat_age(spec.id, s.attempts, now)
             lease = store.read_lease(spec.id, s.attempts) or {}
@@ -83,6 +86,8 @@ def job_status(job: JobDir) -> JobStatus:
             else:
                 s.heartbeat_age_secs = round(age, 1)
                 s.state = "running" if age < manifest.policy.lock_timeout_secs else "stale"
+        if s.state != "done" and s.attempts:
+            s.lost = lost_attempts(job, spec.id, s.attempts, live=s.state == "running")
         shards.append(s)
     counts = {state: 0 for state in STATES}
     for s in shards:
@@ -102,6 +107,35 @@ def job_status(job: JobDir) -> JobStatus:
         complete=counts["done"] == len(shards),
         failed=counts["failed"] > 0,
     )
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Failed)\b.*:")
+
+
+def one_line(error: object, limit: int = 400) -> str | None:
+    """An error as one readable line: colour codes dropped, a traceback reduced to its exception line.
+
+    Ray's task errors carry the remote traceback (coloured) in their message;
+    the whole text stays in the attempt's process.log.
+    """
+    if error is None:
+        return None
+    lines = [line.strip() for line in _ANSI.sub("", str(error)).splitlines() if line.strip()]
+    if not lines:
+        return ""
+    raised = [line for line in lines[1:] if _EXCEPTION_LINE.match(line)]
+    text = lines[0] if not raised or not lines[0].startswith(("RayTaskError", "ray::")) else raised[-1]
+    if raised and text != raised[-1] and len(lines) > 3:
+        text = f"{text} ... {raised[-1]}"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def lost_attempts(job: JobDir, sid: str, latest: int, live: bool) -> int:
+    """Attempts whose attempt.json still says ``running`` (or nothing) though no live process holds them."""
+    last = latest - 1 if live else latest
+    outcomes = (read_record(job.attempt_dir(sid, n) / "attempt.json").get("outcome") for n in range(1, last + 1))
+    return sum(1 for outcome in outcomes if outcome in (None, "running"))
 
 
 def retry(job: JobDir, shard_ids: list[str] | None = None, *, all_failed: bool = False) -> list[str]:
@@ -145,6 +179,6 @@ def failure_message(job: JobDir, sid: str) -> str:
         log = job.failed_path(sid)
     return (
         f"shard {sid} failed terminally on host={rec.get('host')} after {rec.get('failures')} failure(s): "
-        f"{rec.get('error')}; see {log}; fix the cause, then "
+        f"{one_line(rec.get('error'))}; see {log}; fix the cause, then "
         f"`dj-elastic retry --job-dir {job.root} --shard-id {sid}` and submit the job again"
     )

@@ -36,6 +36,7 @@ import yaml
 from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.interrupts import reassert
 from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.plugin.shard_errors import arrow_read_options, classify, read_options_for
 
 RECIPE_NAME = "recipe.yaml"
 LOG_NAME = "process.log"
@@ -209,8 +210,9 @@ class ShardLoader:
         from data_juicer.core.data.ray_dataset import RayDataset
 
         read_kwargs: dict[str, Any] = {"override_num_blocks": getattr(self.cfg, "override_num_blocks", None)}
-        if getattr(self.cfg, "read_options", None):
-            read_kwargs["read_options"] = self.cfg.read_options
+        options = read_options_for(self.cfg.dataset_path, getattr(self.cfg, "read_options", None))
+        if options:
+            read_kwargs["read_options"] = options
         data = RayDataset.read("json", self.cfg.dataset_path, **read_kwargs).materialize()
         return RayDataset(data, dataset_path=self.cfg.dataset_path, cfg=self.cfg)
 
@@ -353,7 +355,11 @@ class RayShardRunner:
                 rows, t1, t2 = self._run_attempt(base, shard_path, output_path)
             except Exception as exc:
                 logger.error(f"shard {Path(shard_path).name} failed: {type(exc).__name__}: {exc}")
-                raise
+                error = classify(exc, shard_path, job_dir, arrow_read_options(base, shard_path))
+                if error is exc:
+                    raise
+                logger.error(f"{error} (the same error would recur on every attempt: the shard fails now)")
+                raise error from exc
             t3 = time.perf_counter()
             self.timings.append({"setup": t1 - t0, "run": t2 - t1, "join": t3 - t2, "rows": rows})
             logger.info(

@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from data_juicer_elastic.errors import ElasticError, IntegrityError, UserError
+from data_juicer_elastic.errors import ElasticError, IntegrityError, PermanentError, UserError
 from data_juicer_elastic.interrupts import Interrupted, received, signals_raise_interrupted
 from data_juicer_elastic.job.claims import RELEASED_MTIME, ClaimStore, Heartbeat, Lease
 from data_juicer_elastic.job.identity import hostname
 from data_juicer_elastic.job.layout import JobDir, attempt_name
-from data_juicer_elastic.status import failure_message
+from data_juicer_elastic.status import failure_message, one_line
 from data_juicer_elastic.storage.files import (
     atomic_write,
     disk_full_in,
@@ -149,6 +149,7 @@ class Worker:
         self.claimed = 0
         self.pace = Pace()
         self._waiting = False  # declined to claim at the tail (logged once per stretch)
+        self._waited: list[str] = []  # the leased shards it last said it waits for
 
     # scanning ---------------------------------------------------------------
     def _candidates(self) -> tuple[list[tuple[str, int]], list[tuple[str, int]], set[str], set[str]]:
@@ -247,6 +248,7 @@ class Worker:
                         if self.stop_when_idle:
                             result.exit_code, result.message = 1, "no claimable shard left; others still running"
                             return result
+                        self._say_what_it_waits_for(done, failed)
                         time.sleep(self.policy.poll_interval_secs)
                         continue
                     self.claimed += 1
@@ -265,6 +267,25 @@ class Worker:
             except ElasticError as exc:  # a full disk during an attempt, a tampered job dir
                 result.exit_code, result.message = exc.exit_code, str(exc)
                 return result
+
+    def _say_what_it_waits_for(self, done: set[str], failed: set[str]) -> None:
+        """One line each time the set of leases it waits on changes: whose, and when each turns stale."""
+        now = self.store.now()
+        held = sorted((sid, n) for sid, n in self.store.latest_attempts().items() if sid not in done | failed)
+        waits = []
+        for sid, n in held:
+            age = self.store.heartbeat_age(sid, n, now)
+            if age is not None and age != float("inf"):
+                host = (self.store.read_lease(sid, n) or {}).get("host", "?")
+                until = time.strftime("%H:%M:%S", time.localtime(time.time() + self.policy.lock_timeout_secs - age))
+                waits.append(
+                    (sid, f"{sid} (host={host}, renewed {age:.0f}s ago, taken over at {until} if not renewed)")
+                )
+        if [w[0] for w in waits] != getattr(self, "_waited", None) and waits:
+            self.log(
+                f"waiting for {len(waits)} shard(s) leased by other workers: " + "; ".join(w[1] for w in waits[:8])
+            )
+        self._waited = [w[0] for w in waits]
 
     def _last_claim(self, completed: int) -> bool:
         """True if this worker's limits let it take no shard after the one it just claimed."""
@@ -313,7 +334,7 @@ class Worker:
             self._finish(adir, info, "interrupted")
             self.store.release(lease)
             raise
-        except ShardMismatch as exc:  # retrying cannot heal an edited shard
+        except (ShardMismatch, PermanentError) as exc:  # retrying cannot heal an edited shard or a bad row
             return self._attempt_failed(lease, adir, info, exc, terminal=True)
         except Exception as exc:  # the runner's failure fails the attempt, not the worker
             if (signum := received()) is not None:  # the runner wrapped our Interrupted in its own error
@@ -427,7 +448,7 @@ class Worker:
         )
 
     def _attempt_failed(self, lease: Lease, adir: Path, info: dict, exc: Exception, terminal: bool = False) -> str:
-        error = f"{type(exc).__name__}: {exc}"
+        error = one_line(f"{type(exc).__name__}: {exc}")  # the whole traceback goes to process.log
         with open(adir / "process.log", "a", encoding="utf-8") as f:
             f.write("\n" + "".join(traceback.format_exception(exc)))
         self._finish(adir, info, "failed", error)

@@ -1,0 +1,111 @@
+"""A new user's mistakes through the stock ``dj-process`` (real Ray): refused early, named, not retried in vain.
+
+An op argument typo is refused at parse time with Data-Juicer's own words;
+a row with a repeated key is refused at prepare with its file and line; a
+20 MB row runs; a row Ray's reader refuses fails its shard at the first
+attempt, naming the input file and line; ``status`` shows one line per
+failure.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.test_integration import dj_process, elastic_recipe, read_rows, write_jsonl
+
+pytestmark = pytest.mark.slow
+ANSI = re.compile(r"\x1b\[")
+
+
+def test_op_argument_typo_is_refused_at_parse_time_and_nothing_is_written(tmp_path):
+    data = tmp_path / "data.jsonl"
+    write_jsonl(data, [{"text": f"row {i}"} for i in range(8)])
+    config = elastic_recipe(
+        tmp_path / "typo.yaml",
+        data,
+        tmp_path / "out" / "merged.jsonl",
+        tmp_path / "job",
+        process=[{"whitespace_normalization_mapper": None}, {"text_length_filter": {"min_lenn": 5}}],
+    )
+    out = dj_process("--config", str(config), cwd=tmp_path)
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert "process[1] text_length_filter: Unknown parameter 'min_lenn'" in out.stderr
+    assert "did you mean: min_len" in out.stderr
+    assert not (tmp_path / "job").exists() and not (tmp_path / "out").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.jsonl", "typo.yaml"]
+
+
+def test_a_repeated_key_is_refused_at_prepare_with_file_and_line(tmp_path):
+    data = tmp_path / "in" / "data.jsonl"
+    write_jsonl(data, [{"id": i, "text": f"row {i}"} for i in range(6)])
+    lines = data.read_text().splitlines()
+    lines[3] = '{"id": 3, "text": "a", "text": "b"}'
+    data.write_text("\n".join(lines) + "\n")
+    config = elastic_recipe(
+        tmp_path / "dup.yaml", data.parent, tmp_path / "out" / "m.jsonl", tmp_path / "job", process=[]
+    )
+    config.write_text(config.read_text().replace("process: []", "process:\n- whitespace_normalization_mapper: null"))
+    out = dj_process("--config", str(config), cwd=tmp_path)
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert f"{data}:4" in out.stderr and "'text' appears twice" in out.stderr, out.stderr[-3000:]
+    assert not (tmp_path / "job" / "manifest.json").exists()
+
+
+def test_a_20mb_row_runs_and_nothing_lands_beside_the_export(tmp_path):
+    data = tmp_path / "data.jsonl"
+    rows = [{"id": i, "text": f"row {i}"} for i in range(8)]
+    rows[5]["text"] = "w" * (20 << 20)
+    write_jsonl(data, rows)
+    config = elastic_recipe(
+        tmp_path / "big.yaml",
+        data,
+        tmp_path / "out" / "merged.jsonl",
+        tmp_path / "job",
+        process=[{"text_length_filter": {"min_len": 1}}],
+    )
+    out = dj_process("--config", str(config), cwd=tmp_path)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    merged = read_rows(tmp_path / "out" / "merged.jsonl")
+    assert [r["id"] for r in merged] == list(range(8)) and len(merged[5]["text"]) == 20 << 20
+
+
+def test_a_row_the_reader_refuses_fails_its_shard_at_once_naming_file_and_line(tmp_path):
+    data = tmp_path / "data.jsonl"
+    rows = [{"id": i, "text": f"row {i}"} for i in range(40)]
+    rows[27]["text"] = {"oops": 1}  # a string column turns into an object: Arrow refuses the block
+    write_jsonl(data, rows)
+    config = elastic_recipe(
+        tmp_path / "bad.yaml",
+        data,
+        tmp_path / "out" / "merged.jsonl",
+        tmp_path / "job",
+        process=[{"whitespace_normalization_mapper": None}],
+    )
+    config.write_text(config.read_text().replace("max_retries: 0", "max_retries: 2"))
+    out = dj_process("--config", str(config), cwd=tmp_path)
+    assert out.returncode == 2, out.stderr[-3000:]
+    failed = [
+        json.loads(Path(p).read_text())
+        for p in glob.glob(str(tmp_path / "job" / "**" / "failed" / "*.json"), recursive=True)
+    ]
+    assert len(failed) == 1 and failed[0]["failures"] == 1, failed  # not retried: it would fail alike
+    assert f"{data}:28" in failed[0]["error"], failed[0]["error"]
+    assert f"{data}:28" in out.stderr
+    status = subprocess.run(
+        [sys.executable, "-m", "data_juicer_elastic.cli", "status", "--job-dir", str(tmp_path / "job")],
+        capture_output=True,
+        text=True,
+    )
+    assert status.returncode == 2
+    assert not ANSI.search(status.stdout), status.stdout
+    failure_lines = [line for line in status.stdout.splitlines() if f"{data}:28" in line]
+    assert len(failure_lines) == 1, status.stdout
+    assert "process.log" in status.stdout
+    assert len(status.stdout.splitlines()) < 20, status.stdout
