@@ -16,10 +16,11 @@ import io
 import json
 import os
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
-from itertools import compress, repeat, tee
-from operator import add, ne, not_
+from itertools import compress, count, repeat, tee
+from operator import add, itemgetter, ne, not_
 
 import orjson
 
@@ -93,19 +94,21 @@ def check_objects(lines: list[bytes]) -> None:
 def _fast_scan(lines: list[bytes], media: frozenset[str], unique_keys: bool = False) -> list[bool] | None:
     """One C-level pass: every line an object; per line, True if it has none of the media keys.
 
-    ``unique_keys`` also refuses a key repeated within one object (see ``_quote_counts``).
+    ``unique_keys`` also refuses a key repeated within one object (see ``_repeated_keys``).
     """
     try:
         rows = map(orjson.loads, lines)
-        if unique_keys:
+        if unique_keys:  # tee's two readers kept in step by zip: one row alive at a time
             rows, copies = tee(rows)
-            suspects = map(ne, _quote_counts(lines), map(bytes.count, map(orjson.dumps, copies), repeat(b'"')))
+            differ = map(ne, map(len, lines), map(add, map(len, map(orjson.dumps, copies)), repeat(1)))
+            pairs = zip(map(media.isdisjoint, map(dict.keys, rows)), differ, strict=True)  # TypeError: no object
+            if not media:
+                _repeated_keys(lines, compress(count(), map(itemgetter(1), pairs)))
+                return None
+            checked = list(pairs)
+            _repeated_keys(lines, compress(count(), map(itemgetter(1), checked)))
+            return list(map(itemgetter(0), checked))
         keys = map(dict.keys, rows)  # dict.keys raises TypeError on a non-object
-        if unique_keys:  # zip keeps the two readers of ``tee`` in step: one row alive at a time
-            pairs = list(zip(map(media.isdisjoint, keys), suspects, strict=True))
-            for i in compress(range(len(pairs)), [p[1] for p in pairs]):
-                _check_unique_keys(lines[i], i)
-            return [p[0] for p in pairs] if media else None
         if media:
             return list(map(media.isdisjoint, keys))
         deque(keys, maxlen=0)
@@ -119,16 +122,21 @@ def _fast_scan(lines: list[bytes], media: frozenset[str], unique_keys: bool = Fa
     raise AssertionError("block failed validation but no line did")  # pragma: no cover
 
 
-def _quote_counts(lines: list[bytes]) -> map:
-    """Per line, its quote bytes plus its ``\\u0022`` escapes: an upper bound of the quotes orjson writes back.
+def _repeated_keys(lines: list[bytes], suspects: Iterable[int]) -> None:
+    """Raise LineProblem for the first row that repeats a key (orjson silently keeps the last value).
 
-    Re-serialised, a row has the same string delimiters and writes every quote
-    character inside a string as ``\\"``; a key orjson dropped as a duplicate
-    takes at least its own two delimiters with it. So a line whose count
-    differs from its re-serialisation's is the only one that may repeat a key,
-    and only those few are parsed again, slowly and exactly.
+    ``suspects`` are the lines whose re-serialisation (orjson.dumps of the
+    parsed row) is not their own length: compact lines re-serialise to their
+    own bytes, and a key dropped as a duplicate shortens a line. Each suspect
+    is compared by quote count: the re-serialisation keeps every string
+    delimiter and writes each quote inside a string as ``\\"``, so a line holds
+    more quotes (``\\u0022`` escapes counted as quotes) only if a key and its
+    delimiters were dropped; only those are parsed again, slowly and exactly.
     """
-    return map(add, map(bytes.count, lines, repeat(b'"')), map(bytes.count, lines, repeat(b"\\u0022")))
+    for i in suspects:
+        line = lines[i]
+        if line.count(b'"') + line.count(b"\\u0022") != orjson.dumps(orjson.loads(line)).count(b'"'):
+            _check_unique_keys(line, i)
 
 
 def _check_unique_keys(line: bytes, index: int) -> None:
@@ -159,8 +167,11 @@ def _process_each(lines: list[bytes], rules: RowRules, first_row: int) -> list[b
             row = None
         if type(row) is not dict:
             raise LineProblem(i, diagnose(line) or "not a JSON object")
-        if line.count(b'"') + line.count(b"\\u0022") != orjson.dumps(row).count(b'"'):
-            _check_unique_keys(line, i)
+        if len(line) != len(orjson.dumps(row)) + 1:  # before _normalise changes the row
+            try:
+                _repeated_keys([line], [0])
+            except LineProblem as exc:
+                raise LineProblem(i, exc.message) from None
         if _normalise(row, rules, i, first_row + i):
             if out is None:
                 out = list(lines)

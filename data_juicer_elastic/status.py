@@ -86,8 +86,9 @@ def job_status(job: JobDir) -> JobStatus:
             else:
                 s.heartbeat_age_secs = round(age, 1)
                 s.state = "running" if age < manifest.policy.lock_timeout_secs else "stale"
-        if s.state != "done" and s.attempts:
-            s.lost = lost_attempts(job, spec.id, s.attempts, live=s.state == "running")
+        finished_last = s.state in ("done", "running")  # its last attempt is alive or recorded done
+        if s.attempts > finished_last:
+            s.lost = lost_attempts(job, spec.id, s.attempts - finished_last)
         shards.append(s)
     counts = {state: 0 for state in STATES}
     for s in shards:
@@ -131,10 +132,9 @@ def one_line(error: object, limit: int = 400) -> str | None:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def lost_attempts(job: JobDir, sid: str, latest: int, live: bool) -> int:
-    """Attempts whose attempt.json still says ``running`` (or nothing) though no live process holds them."""
-    last = latest - 1 if live else latest
-    outcomes = (read_record(job.attempt_dir(sid, n) / "attempt.json").get("outcome") for n in range(1, last + 1))
+def lost_attempts(job: JobDir, sid: str, upto: int) -> int:
+    """Attempts 1..upto whose attempt.json still says ``running`` (or nothing): their process died or stalled."""
+    outcomes = (read_record(job.attempt_dir(sid, n) / "attempt.json").get("outcome") for n in range(1, upto + 1))
     return sum(1 for outcome in outcomes if outcome in (None, "running"))
 
 

@@ -92,6 +92,8 @@ def prepare(
         return _confirm_existing(job, req, recipe_sha, started, log)
     _refuse_occupied(job.root)
     dataset = discover(req.dataset_path, exclude=(str(job.root),))
+    if note := dataset.skipped_note():
+        log(note)
     try:
         with _Staging(job.root) as staging:
             built = _Build(req, dataset, staging.path, recipe_sha, progress, jobs).run()

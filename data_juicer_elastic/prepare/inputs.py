@@ -56,6 +56,18 @@ class Dataset:
     root: str  # absolute dataset path as given (file or directory)
     kind: str  # "file" or "dir"
     inputs: tuple[InputSpec, ...]
+    skipped: tuple[str, ...] = ()  # files of a folder input that are not JSONL (relative paths)
+
+    def skipped_note(self, limit: int = 10) -> str | None:
+        """A log line naming the files a folder input left out, so none is dropped silently."""
+        if not self.skipped:
+            return None
+        more = f", ... ({len(self.skipped) - limit} more)" if len(self.skipped) > limit else ""
+        return (
+            f"{self.root}: skipped {len(self.skipped)} file(s) not named *.jsonl, *.jsonl.gz or *.jsonl.zst: "
+            + ", ".join(self.skipped[:limit])
+            + more
+        )
 
 
 def codec_of(name: str) -> tuple[bool, str | None]:
@@ -73,8 +85,9 @@ def discover(dataset_path: str, exclude: tuple[str, ...] = ()) -> Dataset:
     except OSError as exc:
         raise _unreadable(root, exc) from exc
     if stat.S_ISDIR(st.st_mode):
-        inputs = _scan_dir(root, {os.path.realpath(p) for p in exclude})
-        return Dataset(root, "dir", inputs)
+        skipped: list[str] = []
+        inputs = _scan_dir(root, {os.path.realpath(p) for p in exclude}, skipped)
+        return Dataset(root, "dir", inputs, tuple(sorted(skipped)))
     if not stat.S_ISREG(st.st_mode):
         raise UserError(f"{root}: not a regular file or directory; pass a JSONL file or a folder of them")
     _, codec = codec_of(os.path.basename(root))
@@ -82,9 +95,9 @@ def discover(dataset_path: str, exclude: tuple[str, ...] = ()) -> Dataset:
     return Dataset(root, "file", (spec,))
 
 
-def _scan_dir(root: str, exclude: set[str]) -> tuple[InputSpec, ...]:
+def _scan_dir(root: str, exclude: set[str], skipped: list[str]) -> tuple[InputSpec, ...]:
     found: list[InputSpec] = []
-    _walk(root, (), root, exclude, (os.path.realpath(root),), found)
+    _walk(root, (), root, exclude, (os.path.realpath(root),), found, skipped)
     if not found:
         if not _has_entries(root):
             raise UserError(f"{root}: the dataset directory is empty; put .jsonl files in it or pass another path")
@@ -102,7 +115,13 @@ def _has_entries(path: str) -> bool:
 
 
 def _walk(
-    folder: str, parts: tuple[str, ...], root: str, exclude: set[str], ancestors: tuple[str, ...], out: list[InputSpec]
+    folder: str,
+    parts: tuple[str, ...],
+    root: str,
+    exclude: set[str],
+    ancestors: tuple[str, ...],
+    out: list[InputSpec],
+    skipped: list[str],
 ) -> None:
     """Recurse following symlinks; a folder that is its own ancestor is a loop."""
     try:
@@ -127,10 +146,12 @@ def _walk(
                 raise UserError(
                     f"{path}: symlink loop (it leads back to {real}); remove the link or point it elsewhere"
                 )
-            _walk(path, (*parts, entry.name), root, exclude, (*ancestors, real), out)
+            _walk(path, (*parts, entry.name), root, exclude, (*ancestors, real), out, skipped)
             continue
         matched, codec = codec_of(entry.name)
         if not matched:
+            if not entry.name.startswith("."):  # hidden files (.DS_Store, editor swap files) are no data
+                skipped.append(str(PurePosixPath(*parts, entry.name)))
             continue
         if not stat.S_ISREG(st.st_mode):
             raise UserError(f"{path}: not a regular file; replace it with a plain JSONL file or remove it")

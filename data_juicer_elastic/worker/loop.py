@@ -269,22 +269,19 @@ class Worker:
                 return result
 
     def _say_what_it_waits_for(self, done: set[str], failed: set[str]) -> None:
-        """One line each time the set of leases it waits on changes: whose, and when each turns stale."""
+        """One line each time the set of leases it waits on changes: whose, and when each may be taken over."""
         now = self.store.now()
-        held = sorted((sid, n) for sid, n in self.store.latest_attempts().items() if sid not in done | failed)
         waits = []
-        for sid, n in held:
-            age = self.store.heartbeat_age(sid, n, now)
+        for sid, n in sorted(self.store.latest_attempts().items()):
+            age = self.store.heartbeat_age(sid, n, now) if sid not in done | failed else None
             if age is not None and age != float("inf"):
                 host = (self.store.read_lease(sid, n) or {}).get("host", "?")
-                until = time.strftime("%H:%M:%S", time.localtime(time.time() + self.policy.lock_timeout_secs - age))
-                waits.append(
-                    (sid, f"{sid} (host={host}, renewed {age:.0f}s ago, taken over at {until} if not renewed)")
-                )
-        if [w[0] for w in waits] != getattr(self, "_waited", None) and waits:
-            self.log(
-                f"waiting for {len(waits)} shard(s) leased by other workers: " + "; ".join(w[1] for w in waits[:8])
-            )
+                free_at = time.strftime("%H:%M:%S", time.localtime(time.time() + self.policy.lock_timeout_secs - age))
+                waits.append((sid, f"{sid} (host={host}, renewed {age:.0f}s ago, free at {free_at} unless renewed)"))
+        if waits and [w[0] for w in waits] != self._waited:
+            more = f"; ... ({len(waits) - 8} more)" if len(waits) > 8 else ""
+            listing = "; ".join(w[1] for w in waits[:8]) + more
+            self.log(f"waiting for {len(waits)} shard(s) leased by other workers: {listing}")
         self._waited = [w[0] for w in waits]
 
     def _last_claim(self, completed: int) -> bool:

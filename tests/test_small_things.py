@@ -1,0 +1,68 @@
+"""Small things a user trips on, with real worker processes: what is skipped, waited for, lost."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+from data_juicer_elastic.job.layout import Policy
+from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
+from data_juicer_elastic.status import one_line
+
+from .jobs import REPO, attempt_outcomes, env_with, make_job, spawn_worker, wait_for, write_corpus
+
+
+def test_folder_input_logs_the_files_it_skips(tmp_path):
+    root = tmp_path / "data"
+    write_corpus(root / "a.jsonl", 5)
+    write_corpus(root / "sub" / "b.jsonl", 5)
+    (root / "notes.txt").write_text("not data\n")
+    (root / "sub" / "table.csv").write_text("a,b\n")
+    (root / ".DS_Store").write_bytes(b"\0")
+    lines: list[str] = []
+    req = PrepareRequest(
+        dataset_path=str(root), job_dir=str(tmp_path / "job"), recipe_text=b"process: []\n", policy=Policy(num_shards=2)
+    )
+    prepare(req, log=lines.append)
+    skipped = [line for line in lines if "skipped" in line]
+    assert skipped == [
+        f"{root}: skipped 2 file(s) not named *.jsonl, *.jsonl.gz or *.jsonl.zst: notes.txt, sub/table.csv"
+    ]
+
+
+def test_one_line_drops_colour_and_keeps_the_raised_exception():
+    ray_error = (
+        "RayTaskError(ValueError): ray::MapBatches(f)() (pid=1, ip=10.0.0.1)\n"
+        '  File "ops.py", line 3, in f\n    raise ValueError("row 7 is cursed")\n'
+        "\x1b[36mValueError: row 7 is cursed\x1b[0m\n"
+    )
+    assert one_line(ray_error) == "ValueError: row 7 is cursed"
+    assert one_line("\x1b[31mOSError: disk gone\x1b[0m") == "OSError: disk gone"
+
+
+def test_a_waiting_worker_says_for_what_and_status_shows_the_lost_attempt(tmp_path):
+    job = make_job(tmp_path, rows=20, shards=2, lock_timeout_secs=3.0, heartbeat_secs=0.3)
+    slow = "part-00000-of-00002"
+    victim = spawn_worker(job, "slow_copy", DJE_TEST_SLEEP="120", DJE_TEST_SLOW_SHARDS=slow)
+    wait_for((job.attempts_dir / slow / "0001" / "started").exists, timeout=60)
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait()
+    log = tmp_path / "rescuer.log"
+    rescuer = spawn_worker(job, "copy", log=log)
+    assert rescuer.wait(timeout=120) == 0, log.read_text()
+    text = log.read_text()
+    waiting = [line for line in text.splitlines() if line.startswith("waiting for 1 shard(s) leased by other workers")]
+    assert len(waiting) == 1 and slow in waiting[0] and "unless renewed" in waiting[0], text
+    assert attempt_outcomes(job)[slow] == ["running", "done"]  # what the dead attempt left behind
+    status = subprocess.run(
+        [sys.executable, "-m", "data_juicer_elastic.cli", "status", "--job-dir", str(job.root), "--all"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env_with(),
+    )
+    assert status.returncode == 0, status.stderr
+    row = next(line for line in status.stdout.splitlines() if line.startswith(slow))
+    assert "1 attempt(s) lost: killed or stalled" in row, status.stdout
