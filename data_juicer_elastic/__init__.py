@@ -39,7 +39,7 @@ _LAZY = {
     "MergeResult": "data_juicer_elastic.merge",
     "job_status": "data_juicer_elastic.status",
     "JobStatus": "data_juicer_elastic.status",
-    "retry": "data_juicer_elastic.status",
+    "requeue": "data_juicer_elastic.job.records.retry",
     "JobSpec": "data_juicer_elastic.coordination.session",
     "run_job": "data_juicer_elastic.coordination.session",
     "RayShardRunner": "data_juicer_elastic.plugin.runner",

@@ -131,9 +131,9 @@ def format_status(st, *, show_all: bool) -> str:
 
 
 def cmd_retry(a: Namespace) -> int:
-    from data_juicer_elastic.status import retry
+    from data_juicer_elastic.job.records.retry import requeue
 
-    requeued = retry(JobDir(a.job_dir), a.shard_id, all_failed=a.all_failed)
+    requeued = requeue(JobDir(a.job_dir), a.shard_id, all_failed=a.all_failed)
     print(f"requeued {len(requeued)} shard(s): {' '.join(requeued)}")
     return 0
 

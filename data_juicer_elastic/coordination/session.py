@@ -45,13 +45,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from data_juicer_elastic.errors import ElasticError, IntegrityError, UserError
-from data_juicer_elastic.job.claims import ClaimStore
+from data_juicer_elastic.job.claims import ClaimStore, claim_store
 from data_juicer_elastic.job.identity import hostname
 from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.job.records.done import load_done
+from data_juicer_elastic.job.records.failed import failure_message
 from data_juicer_elastic.job.versions import check_versions
 from data_juicer_elastic.merge import merge, verify
 from data_juicer_elastic.prepare.driver import prepare
-from data_juicer_elastic.status import failure_message
 from data_juicer_elastic.storage.files import (
     atomic_write,
     dumps_json,
@@ -522,7 +523,7 @@ class _AfterPrepare(_Session):
 
     def wait_for_shards(self) -> Outcome | None:
         """Wait until every shard is done (None), a failure, an abort, or no progress for the timeout."""
-        store = ClaimStore(self.job, lock_timeout=self.job.manifest().policy.lock_timeout_secs, host=self.host)
+        store = claim_store(self.job, self.host)
         total = len(self.job.manifest().shards)
         last_done, last_progress = -1, time.monotonic()
         while True:
@@ -676,7 +677,11 @@ def _any_live(store: ClaimStore, done: set[str]) -> bool:
 def _hosts_of(job: JobDir, done: set[str]) -> dict[str, int]:
     hosts: dict[str, int] = {}
     for sid in done:
-        host = read_record(job.done_path(sid)).get("host", "?")
+        try:
+            record = load_done(job, sid)
+        except IntegrityError:
+            record = None
+        host = record.host if record else "?"
         hosts[host] = hosts.get(host, 0) + 1
     return hosts
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import orjson
 
+from data_juicer_elastic.job.identity import hostname
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.storage.files import create_exclusive, dumps_json, server_now, touch
 
@@ -130,6 +131,11 @@ class ClaimStore:
             os.utime(lease.path, (RELEASED_MTIME, RELEASED_MTIME))
         except FileNotFoundError:
             pass
+
+
+def claim_store(job: JobDir, host: str | None = None) -> ClaimStore:
+    """The claim store of this process for ``job``, with the manifest's lock timeout."""
+    return ClaimStore(job, lock_timeout=job.manifest().policy.lock_timeout_secs, host=host or hostname())
 
 
 def _mtime(path: Path) -> float:

@@ -28,26 +28,16 @@ from pathlib import Path
 from typing import Protocol
 
 from data_juicer_elastic.errors import ElasticError, IntegrityError, UserError
-from data_juicer_elastic.job.claims import RELEASED_MTIME, ClaimStore, Heartbeat, Lease
+from data_juicer_elastic.job.claims import RELEASED_MTIME, Heartbeat, Lease, claim_store, lease_name
 from data_juicer_elastic.job.identity import hostname
 from data_juicer_elastic.job.layout import JobDir, attempt_name
-from data_juicer_elastic.status import failure_message
-from data_juicer_elastic.storage.files import (
-    atomic_write,
-    disk_full_in,
-    dumps_json,
-    hash_file,
-    no_space_error,
-    publish_once,
-    read_json,
-    read_record,
-)
+from data_juicer_elastic.job.records.attempt import AttemptRecord, counts_as_failure, load_attempt, write_attempt
+from data_juicer_elastic.job.records.done import DoneRecord, load_done, publish_done
+from data_juicer_elastic.job.records.failed import FailedRecord, failure_message, publish_failed
+from data_juicer_elastic.job.records.retry import retry_base
+from data_juicer_elastic.storage.files import disk_full_in, hash_file, no_space_error
 from data_juicer_elastic.worker.outputs import inspect_output
 from data_juicer_elastic.worker.pacing import TAIL_LIMIT, BusyWorker, Pace, should_claim
-
-# Outcomes of an attempt that do not count against the retry budget: the
-# worker was told to stop, it stalled and someone else took the shard, or the disk was full.
-NOT_FAILURES = ("interrupted", "superseded", "done", "duplicate", "no-space")
 
 
 class Runner(Protocol):
@@ -100,28 +90,15 @@ def failure_count(job: JobDir, shard: str, upto: int) -> int:
     was given up on purpose (the shard was done meanwhile, or the disk was
     full): that is no failure.
     """
-    base = 0
-    if job.retry_path(shard).exists():
-        try:
-            base = read_json(job.retry_path(shard)).get("after_attempt", 0)
-        except (OSError, ValueError, AttributeError):
-            base = None
-        if type(base) is not int or base < 0:
-            raise IntegrityError(
-                f"{job.retry_path(shard)}: not a retry record (after_attempt must be a "
-                "whole number); restore it or run `dj-elastic retry` for the shard again"
-            )
-    count = 0
-    for attempt in range(base + 1, upto + 1):
-        outcome = read_record(job.attempt_dir(shard, attempt) / "attempt.json").get("outcome")  # None: lost
-        if outcome not in NOT_FAILURES and not (outcome in (None, "running") and _released(job, shard, attempt)):
-            count += 1
-    return count
+    return sum(
+        counts_as_failure(load_attempt(job.attempt_dir(shard, attempt)), _released(job, shard, attempt))
+        for attempt in range(retry_base(job, shard) + 1, upto + 1)
+    )
 
 
 def _released(job: JobDir, shard: str, attempt: int) -> bool:
     try:
-        return os.stat(job.claims_dir / f"{shard}@{attempt:04d}").st_mtime <= RELEASED_MTIME
+        return os.stat(job.claims_dir / lease_name(shard, attempt)).st_mtime <= RELEASED_MTIME
     except OSError:
         return False
 
@@ -151,7 +128,7 @@ class Worker:
         self.stop_when_idle = stop_when_idle
         self.should_stop = should_stop or (lambda: False)
         self.log = log
-        self.store = ClaimStore(self.job, lock_timeout=self.policy.lock_timeout_secs, host=self.host)
+        self.store = claim_store(self.job, self.host)
         self.order = [s.id for s in self.manifest.shards]
         # Start the scan at a per-process offset so racing workers rarely collide.
         self._offset = zlib.crc32(f"{self.host}:{os.getpid()}".encode()) % len(self.order)
@@ -210,15 +187,9 @@ class Worker:
             return True
         workers = []
         for sid, attempt in busy:
-            info = read_record(self.job.attempt_dir(sid, attempt) / "attempt.json")
-            pace, claimed_at = info.get("pace"), info.get("claimed_at")
-            if (
-                isinstance(pace, (int, float))
-                and isinstance(claimed_at, (int, float))
-                and claimed_at > 0
-                and not info.get("final")
-            ):
-                workers.append(BusyWorker(float(pace), max(now - claimed_at, 0.0)))
+            info = load_attempt(self.job.attempt_dir(sid, attempt))
+            if info and info.pace is not None and info.claimed_at > 0 and not info.final:
+                workers.append(BusyWorker(info.pace, max(now - info.claimed_at, 0.0)))
         turn = should_claim(self.pace.seconds, workers, claimable)
         if not turn and not self._waiting:
             self.log(
@@ -282,18 +253,17 @@ class Worker:
         )
 
     def _run_attempt(self, lease: Lease, final: bool) -> str:
-        info = {
-            "shard": lease.shard,
-            "attempt": lease.attempt,
-            "host": self.host,
-            "pid": os.getpid(),
-            "token": lease.token,
-            "started_at": time.time(),
-            "outcome": "running",
-            "claimed_at": lease.claimed_at,
-            "pace": self.pace.seconds,
-            "final": final,
-        }
+        info = AttemptRecord(
+            shard=lease.shard,
+            attempt=lease.attempt,
+            host=self.host,
+            pid=os.getpid(),
+            token=lease.token,
+            started_at=time.time(),
+            claimed_at=lease.claimed_at,
+            pace=self.pace.seconds,
+            final=final,
+        )
         t0 = time.monotonic()
         try:
             outcome = self._attempt(lease, info)
@@ -306,7 +276,7 @@ class Worker:
             self.store.release(lease)
             raise
 
-    def _attempt(self, lease: Lease, info: dict) -> str:
+    def _attempt(self, lease: Lease, info: AttemptRecord) -> str:
         sid, attempt = lease.shard, lease.attempt
         adir = self._new_attempt_dir(sid, attempt)
         output = adir / "processed.jsonl"
@@ -332,20 +302,20 @@ class Worker:
             self._finish(adir, info, "superseded", "lease taken over by a later attempt; output not published")
             self.log(f"{sid} attempt {attempt_name(attempt)} superseded; not publishing")
             return "superseded"
-        record = {
-            "shard": sid,
-            "attempt": attempt,
-            "host": self.host,
-            "pid": os.getpid(),
-            "rows": digest.rows,
-            "bytes": digest.bytes,
-            "sha256": digest.sha256,
-            "output": str(output.relative_to(self.job.root)),
-            "started_at": info["started_at"],
-            "finished_at": time.time(),
-        }
+        record = DoneRecord(
+            shard=sid,
+            attempt=attempt,
+            host=self.host,
+            pid=os.getpid(),
+            rows=digest.rows,
+            bytes=digest.bytes,
+            sha256=digest.sha256,
+            output=str(output.relative_to(self.job.root)),
+            started_at=info.started_at,
+            finished_at=time.time(),
+        )
         try:
-            published = publish_once(self.job.done_path(sid), dumps_json(record))
+            published = publish_done(self.job, record)
         except OSError as exc:
             if full := disk_full_in(exc):
                 raise _NoSpace(self.job.done_path(sid), full) from exc
@@ -375,10 +345,10 @@ class Worker:
             raise
         return adir
 
-    def _write_info(self, adir: Path, info: dict, outcome: str | None = None, error: str | None = None) -> None:
+    def _write_info(self, adir: Path, info: AttemptRecord, outcome: str | None = None, error: str | None = None):
         try:
             if outcome is None:
-                atomic_write(adir / "attempt.json", dumps_json(info))
+                write_attempt(adir, info)
             else:
                 self._finish(adir, info, outcome, error)
         except OSError as exc:
@@ -405,7 +375,7 @@ class Worker:
             )
         return path
 
-    def _stop_on_full_disk(self, lease: Lease, info: dict, exc: _NoSpace) -> UserError:
+    def _stop_on_full_disk(self, lease: Lease, info: AttemptRecord, exc: _NoSpace) -> UserError:
         """Give the shard back uncounted: drop the unpublished output, record why, release the lease."""
         sid, attempt = lease.shard, lease.attempt
         adir = self.job.attempt_dir(sid, attempt)
@@ -431,7 +401,7 @@ class Worker:
             "(the shard is not counted as failed and can be claimed again)",
         )
 
-    def _attempt_failed(self, lease: Lease, adir: Path, info: dict, exc: Exception, terminal: bool = False) -> str:
+    def _attempt_failed(self, lease: Lease, adir: Path, info: AttemptRecord, exc: Exception, terminal=False) -> str:
         error = f"{type(exc).__name__}: {exc}"
         with open(adir / "process.log", "a", encoding="utf-8") as f:
             f.write("\n" + "".join(traceback.format_exception(exc)))
@@ -443,29 +413,23 @@ class Worker:
         self.store.release(lease)
         return "failed"
 
-    def _finish(self, adir: Path, info: dict, outcome: str, error: str | None = None) -> None:
-        info.update(outcome=outcome, finished_at=time.time(), error=error)
-        atomic_write(adir / "attempt.json", dumps_json(info))
+    def _finish(self, adir: Path, info: AttemptRecord, outcome: str, error: str | None = None) -> None:
+        write_attempt(adir, info.finish(outcome, error))
 
     def _publish_failed(self, sid: str, attempt: int, error: str) -> None:
         log_path = self.job.attempt_dir(sid, attempt) / "process.log"
-        record = {
-            "shard": sid,
-            "attempt": attempt,
-            "host": self.host,
-            "pid": os.getpid(),
-            "error": error,
-            "log": str(log_path.relative_to(self.job.root)),
-            "failures": failure_count(self.job, sid, attempt),
-            "at": time.time(),
-        }
-        publish_once(self.job.failed_path(sid), dumps_json(record))
+        failures = failure_count(self.job, sid, attempt)
+        log = str(log_path.relative_to(self.job.root))
+        publish_failed(self.job, FailedRecord(sid, attempt, self.host, os.getpid(), error, log, failures, time.time()))
 
 
 def _read_attempt(job: JobDir, sid: str) -> int | None:
     """The attempt the shard's done record names, if there is one."""
-    attempt = read_record(job.done_path(sid)).get("attempt")
-    return attempt if type(attempt) is int else None
+    try:
+        record = load_done(job, sid)
+    except IntegrityError:
+        return None
+    return record.attempt if record else None
 
 
 class signals_raise_interrupted:

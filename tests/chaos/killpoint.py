@@ -22,6 +22,7 @@ from pathlib import Path
 
 from data_juicer_elastic import merge as merge_mod
 from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.job.records import done as done_mod
 from data_juicer_elastic.worker import loop as worker_mod
 
 from ..runners import copy
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 
         worker_mod.inspect_output = inspect_then_die
     elif a.point == "published":
-        publish = worker_mod.publish_once
+        publish = done_mod.publish_once
 
         def publish_then_die(path, data):
             won = publish(path, data)
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
                 _die()
             return won
 
-        worker_mod.publish_once = publish_then_die
+        done_mod.publish_once = publish_then_die
     else:
 
         def die_before_rename(tmp, out, overwrite):
