@@ -30,7 +30,7 @@ _LAZY = {
     "PrepareRequest": "data_juicer_elastic.prepare.driver",
     "PrepareResult": "data_juicer_elastic.prepare.driver",
     "prepare": "data_juicer_elastic.prepare.driver",
-    "Runner": "data_juicer_elastic.worker.loop",
+    "Runner": "data_juicer_elastic.worker.runner",
     "WorkerResult": "data_juicer_elastic.worker.loop",
     "run_worker": "data_juicer_elastic.worker.loop",
     "verify": "data_juicer_elastic.merge",

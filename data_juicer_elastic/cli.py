@@ -83,7 +83,8 @@ def cmd_prepare(a: Namespace) -> int:
 
 def cmd_worker(a: Namespace) -> int:
     from data_juicer_elastic.job.versions import check_versions
-    from data_juicer_elastic.worker.loop import load_runner, run_worker
+    from data_juicer_elastic.worker.loop import run_worker
+    from data_juicer_elastic.worker.runner import load_runner
 
     job = JobDir(a.job_dir)
     check_versions(job.manifest().versions, allow_mismatch=a.allow_version_mismatch)

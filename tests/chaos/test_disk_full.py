@@ -20,7 +20,8 @@ from data_juicer_elastic.job.records import done as done_mod
 from data_juicer_elastic.merge import verify
 from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
 from data_juicer_elastic.status import job_status
-from data_juicer_elastic.worker.loop import failure_count, run_worker
+from data_juicer_elastic.worker.budget import failure_count
+from data_juicer_elastic.worker.loop import run_worker
 
 from ..jobs import RECIPE, REPO, check_done_exactly_once, env_with, make_job, merge_and_check, worker_cmd, write_corpus
 from ..runners import copy
