@@ -83,7 +83,8 @@ def cmd_prepare(a: Namespace) -> int:
 
 def cmd_worker(a: Namespace) -> int:
     from data_juicer_elastic.job.versions import check_versions
-    from data_juicer_elastic.worker.loop import load_runner, run_worker
+    from data_juicer_elastic.worker.loop import run_worker
+    from data_juicer_elastic.worker.runner import load_runner
 
     job = JobDir(a.job_dir)
     check_versions(job.manifest().versions, allow_mismatch=a.allow_version_mismatch)
@@ -133,9 +134,9 @@ def format_status(st, *, show_all: bool) -> str:
 
 
 def cmd_retry(a: Namespace) -> int:
-    from data_juicer_elastic.status import retry
+    from data_juicer_elastic.job.records.retry import requeue
 
-    requeued = retry(JobDir(a.job_dir), a.shard_id, all_failed=a.all_failed)
+    requeued = requeue(JobDir(a.job_dir), a.shard_id, all_failed=a.all_failed)
     print(f"requeued {len(requeued)} shard(s): {' '.join(requeued)}")
     return 0
 

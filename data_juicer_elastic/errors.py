@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Failed)\b.*:")
+
 
 class ElasticError(Exception):
     """Base class: an error this package reports to a person, exit code 2."""
@@ -23,3 +28,21 @@ class JobFailed(ElasticError):
 
 class PermanentError(ElasticError):
     """An attempt failed in a way every retry would repeat (a row or recipe error): its shard fails at once."""
+
+
+def one_line(error: object, limit: int = 400) -> str | None:
+    """An error as one readable line: colour codes dropped, a traceback reduced to its exception line.
+
+    Ray's task errors carry the remote traceback (coloured) in their message;
+    the whole text stays in the attempt's process.log.
+    """
+    if error is None:
+        return None
+    lines = [line.strip() for line in _ANSI.sub("", str(error)).splitlines() if line.strip()]
+    if not lines:
+        return ""
+    raised = [line for line in lines[1:] if _EXCEPTION_LINE.match(line)]
+    text = lines[0] if not raised or not lines[0].startswith(("RayTaskError", "ray::")) else raised[-1]
+    if raised and text != raised[-1] and len(lines) > 3:
+        text = f"{text} ... {raised[-1]}"
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -7,9 +7,9 @@ import signal
 import subprocess
 import sys
 
+from data_juicer_elastic.errors import one_line
 from data_juicer_elastic.job.layout import Policy
 from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
-from data_juicer_elastic.status import one_line
 
 from .jobs import REPO, attempt_outcomes, env_with, make_job, spawn_worker, wait_for, write_corpus
 

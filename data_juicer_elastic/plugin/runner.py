@@ -34,9 +34,9 @@ from typing import Any
 import yaml
 
 from data_juicer_elastic.errors import IntegrityError, UserError
-from data_juicer_elastic.interrupts import reassert
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.plugin.shard_errors import arrow_read_options, classify, read_options_for
+from data_juicer_elastic.worker.signals import reassert
 
 RECIPE_NAME = "recipe.yaml"
 LOG_NAME = "process.log"

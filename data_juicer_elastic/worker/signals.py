@@ -35,6 +35,9 @@ class Interrupted(BaseException):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
 
+    def __reduce__(self) -> tuple:
+        return type(self), (self.signum,)
+
 
 class _State:
     depth = 0
