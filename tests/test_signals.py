@@ -117,8 +117,13 @@ def finish(recipe: Path, tmp: Path) -> None:
     assert len((tmp / "out" / "merged.jsonl").read_text().splitlines()) == 24
 
 
+def found(root: Path, pattern: str) -> list[str]:
+    """Files under ``root`` matching ``pattern`` at any depth (the job dir's layout may nest them)."""
+    return glob.glob(str(root / "**" / pattern), recursive=True)
+
+
 def released(job: Path) -> bool:
-    claims = glob.glob(str(job / "state" / "claims" / "*"))
+    claims = found(job, "claims/*")
     return bool(claims) and all(os.stat(c).st_mtime <= RELEASED_MTIME for c in claims)
 
 
@@ -130,13 +135,9 @@ def test_sigterm_while_waiting_and_mid_shard_releases_and_exits_143(tmp_path):
     worker_log, waiter_log = tmp_path / "worker.log", tmp_path / "waiter.log"
     worker = start(recipe, worker_log, **env)
     try:
-        wait_for(
-            "the claim loop's host ballot", lambda: glob.glob(str(job / "runs/*/hosts/*.json")), worker, worker_log
-        )
+        wait_for("the claim loop's host ballot", lambda: found(job, "hosts/*.json"), worker, worker_log)
         waiter = start(recipe, waiter_log, **env)  # same run, same host: it only waits
-        wait_for(
-            "the second process to wait", lambda: len(glob.glob(str(job / "runs/*/members/*"))) == 2, waiter, waiter_log
-        )
+        wait_for("the second process to wait", lambda: len(found(job, "members/*.json")) == 2, waiter, waiter_log)
         wait_for("the slow op to start in a Ray worker", marker.exists, worker, worker_log)
         assert stop(waiter, signal.SIGTERM, waiter_log) == 128 + signal.SIGTERM, waiter_log.read_text()[-4000:]
         assert worker.poll() is None  # the job goes on without the waiter
@@ -150,7 +151,7 @@ def test_sigterm_while_waiting_and_mid_shard_releases_and_exits_143(tmp_path):
     assert released(job), "the lease must be released at once"
     status = job_status(JobDir(job))
     assert status.counts["running"] == 0 and status.counts["done"] == 0
-    outcomes = [json.loads(Path(p).read_text())["outcome"] for p in glob.glob(str(job / "attempts/*/*/attempt.json"))]
+    outcomes = [json.loads(Path(p).read_text())["outcome"] for p in found(job, "attempts/*/*/attempt.json")]
     assert outcomes == ["interrupted"]
     finish(recipe, tmp_path)
 
@@ -163,12 +164,12 @@ def test_stop_signal_during_ray_startup_exits_128_plus_n(tmp_path, sig):
     proc = start(recipe, log, DJE_TEST_SLOW="30")
     try:
         # the host ballot is taken right before this host's runner starts Ray and parses the recipe
-        wait_for("the claim loop's host ballot", lambda: glob.glob(str(job / "runs/*/hosts/*.json")), proc, log)
+        wait_for("the claim loop's host ballot", lambda: found(job, "hosts/*.json"), proc, log)
         assert stop(proc, sig, log) == 128 + sig, log.read_text()[-4000:]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    claims = glob.glob(str(job / "state" / "claims" / "*"))
+    claims = found(job, "claims/*")
     assert not claims or released(job), "a lease taken meanwhile must be released"
     finish(recipe, tmp_path)
 
