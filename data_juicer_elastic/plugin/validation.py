@@ -115,12 +115,23 @@ def argument_problems(entry: OpEntry) -> list[str]:
 
     Data-Juicer's own pre-instantiation check (``strict_preflight``): each key
     must be a parameter of the op class or one of its bases (with a "did you
-    mean" suggestion otherwise) and plain types must match. Nothing is
-    instantiated, so no model is loaded.
+    mean" suggestion otherwise) and plain types must match. At run time the
+    values have been through jsonargparse's typing first (0.75 becomes a
+    ``ClosedUnitInterval``), so a value its annotated class accepts is
+    converted the same way here. Nothing is instantiated: no model is loaded.
     """
-    from data_juicer.core.preflight import PipelineConfigError, pre_instantiation_check
+    from data_juicer.core.preflight import PipelineConfigError, _get_valid_params, pre_instantiation_check
+    from data_juicer.ops.base_op import OPERATORS
 
     args = {k: v for k, v in entry.args.items() if k not in _NESTED_LISTS}  # inner ops are checked on their own
+    params = _get_valid_params(OPERATORS.modules[entry.name])
+    for key, value in args.items():
+        kind = params.get(key)
+        if isinstance(kind, type) and kind not in (bool, str) and value is not None and not isinstance(value, kind):
+            try:
+                args[key] = kind(value)
+            except (TypeError, ValueError):
+                pass  # left as it is: the check below names it
     try:
         pre_instantiation_check([{entry.name: args}])
     except PipelineConfigError as exc:
