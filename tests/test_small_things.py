@@ -8,7 +8,8 @@ import subprocess
 import sys
 
 from data_juicer_elastic.errors import one_line
-from data_juicer_elastic.job.layout import Policy
+from data_juicer_elastic.job.layout import JobDir, Policy
+from data_juicer_elastic.job.lines import input_line
 from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
 
 from .jobs import REPO, attempt_outcomes, env_with, make_job, spawn_worker, wait_for, write_corpus
@@ -66,3 +67,32 @@ def test_a_waiting_worker_says_for_what_and_status_shows_the_lost_attempt(tmp_pa
     assert status.returncode == 0, status.stderr
     row = next(line for line in status.stdout.splitlines() if line.startswith(slow))
     assert "1 attempt(s) lost: killed or stalled" in row, status.stdout
+
+
+def test_a_shard_line_maps_back_to_its_input_file_and_line(tmp_path):
+    root = tmp_path / "data"
+    write_corpus(root / "a.jsonl", 7)
+    write_corpus(root / "b" / "c.jsonl", 5)
+    req = PrepareRequest(
+        dataset_path=str(root), job_dir=str(tmp_path / "job"), recipe_text=b"process: []\n", policy=Policy(num_shards=1)
+    )
+    prepare(req, log=lambda *_: None)
+    job = JobDir(tmp_path / "job")
+    sid = job.manifest().shards[0].id
+    assert input_line(job, sid, 0) == f"{root}/a.jsonl:1"
+    assert input_line(job, sid, 6) == f"{root}/a.jsonl:7"
+    assert input_line(job, sid, 7) == f"{root}/b/c.jsonl:1"
+    assert input_line(job, sid, 11) == f"{root}/b/c.jsonl:5"
+
+
+def test_longest_line_is_exact_for_long_lines(tmp_path):
+    from data_juicer_elastic.plugin.shard_errors import DEFAULT_BLOCK, block_size_for, longest_line
+
+    path = tmp_path / "s.jsonl"
+    long = b'{"t": "' + b"x" * (3 * DEFAULT_BLOCK) + b'"}\n'
+    path.write_bytes(b'{"a": 1}\n' * 200_000 + long + b'{"a": 2}\n' * 10)
+    assert longest_line(str(path)) == len(long)
+    assert block_size_for(str(path)) == 8 * DEFAULT_BLOCK  # a power of two, twice the longest line or more
+    short = tmp_path / "short.jsonl"
+    short.write_bytes(b'{"a": 1}\n' * 300_000)
+    assert block_size_for(str(short)) is None  # the reader's default block holds every line

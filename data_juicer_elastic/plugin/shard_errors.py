@@ -29,23 +29,23 @@ _RECURRING_IN_OPS = (ValueError, TypeError, KeyError, IndexError, AttributeError
 
 
 def longest_line(path: str) -> int:
-    """Bytes of the shard's longest line, exact for lines of at least DEFAULT_BLOCK (else an upper bound).
+    """Bytes of the shard's longest line if it is at least half the reader's default block, else 0.
 
-    A window of DEFAULT_BLOCK bytes holding a newline proves every line
-    inside it is shorter; only lines longer than a window are measured, so
-    the scan costs one memrchr per window.
+    A window of ``DEFAULT_BLOCK // 2`` bytes holding a newline proves every
+    line inside it is shorter; only lines longer than a window are measured,
+    so the scan costs one memrchr per window.
     """
-    size = os.path.getsize(path)
-    if size <= DEFAULT_BLOCK:
-        return size
+    window, size = DEFAULT_BLOCK // 2, os.path.getsize(path)
+    if size < window:
+        return 0
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        longest, pos = DEFAULT_BLOCK, 0
-        while pos < size:
-            nl = data.rfind(b"\n", pos, pos + DEFAULT_BLOCK)
-            if nl >= 0 or pos + DEFAULT_BLOCK >= size:
-                pos = size if nl < 0 else nl + 1
+        longest, pos = 0, 0
+        while pos + window < size:
+            nl = data.rfind(b"\n", pos, pos + window)
+            if nl >= 0:
+                pos = nl + 1
                 continue
-            end = data.find(b"\n", pos + DEFAULT_BLOCK)
+            end = data.find(b"\n", pos + window)
             end = size if end < 0 else end + 1
             longest, pos = max(longest, end - pos), end
     return longest
@@ -54,7 +54,7 @@ def longest_line(path: str) -> int:
 def block_size_for(path: str, configured: int | None = None) -> int | None:
     """A JSON reader block size that holds the shard's longest row whole (None: the default does)."""
     longest = longest_line(path)
-    if longest < DEFAULT_BLOCK // 2 and not configured:
+    if not longest and not configured:
         return None
     needed = max(configured or DEFAULT_BLOCK, 2 * longest)
     return 1 << (needed - 1).bit_length()  # a power of two, as pyarrow's own default
