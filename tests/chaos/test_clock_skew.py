@@ -31,11 +31,13 @@ from ..jobs import (
     wait_for,
     worker_cmd,
 )
+from ..require import require
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("faketime") is None,
-    reason="libfaketime is not installed (apt-get install faketime); .ci/run installs it",
-)
+
+@pytest.fixture(autouse=True)
+def _faketime():
+    require(shutil.which("faketime") is not None, "libfaketime (apt-get install faketime)")
+
 
 FAKE_ENV = {"FAKETIME_DONT_FAKE_MONOTONIC": "1"}
 
