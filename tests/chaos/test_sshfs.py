@@ -26,8 +26,10 @@ from ..jobs import (
     attempt_outcomes,
     check_done_exactly_once,
     kill_group,
+    last_heartbeat,
     merge_and_check,
     spawn_worker,
+    takeover_delay,
     wait_for,
     write_corpus,
 )
@@ -35,6 +37,7 @@ from ..jobs import (
 pytestmark = pytest.mark.sshfs
 
 FAST = {"lock_timeout_secs": 4.0, "heartbeat_secs": 0.5, "poll_interval_secs": 0.2}
+CACHE_SECS = 1.0  # sshfs.CACHE_OPTIONS: attr/entry/stat caches of one second
 
 
 def _job(pair, tmp_path: Path, *, rows: int, shards: int, **policy) -> tuple[JobDir, JobDir]:
@@ -143,10 +146,13 @@ def test_kill9_on_one_mount_is_taken_over_from_the_other(sshfs_pair, tmp_path):
     finally:
         kill_group(victim, signal.SIGKILL)
     victim.wait(timeout=30)
-    killed_at = time.monotonic()
+    time.sleep(CACHE_SECS)  # node a's attribute cache may still hold an older mtime
+    last_beat = last_heartbeat(job_a, target, 1)
     rescuer = spawn_worker(job_b, "copy")
     assert rescuer.wait(timeout=60) == 0
-    assert time.monotonic() - killed_at >= 2.0, "a dead lease was taken before it aged out"
+    # node b judges the lease by what its cache shows, up to CACHE_SECS old, on 1 s mtimes (sftp)
+    delay = takeover_delay(job_b, target, 1, last_beat)
+    assert delay >= FAST["lock_timeout_secs"] - CACHE_SECS - 1, f"a dead lease was taken over after {delay}s"
     assert attempt_outcomes(job_b)[target] == ["running", "done"]
     check_done_exactly_once(job_b)
     merge_and_check(job_a, tmp_path / "merged.jsonl")
@@ -175,12 +181,14 @@ def test_sigterm_on_one_mount_releases_the_shard_to_the_other_at_once(sshfs_pair
 def test_stalled_worker_on_one_mount_cannot_publish_after_takeover_from_the_other(sshfs_pair, tmp_path):
     job_a, job_b = _job(sshfs_pair, tmp_path, rows=10, shards=1)
     sid = "part-00000-of-00001"
-    stalled = spawn_worker(job_a, "tag", DJE_TEST_SLEEP="3")
+    release = tmp_path / "release"
+    stalled = spawn_worker(job_a, "tag", DJE_TEST_HOLD=str(release))
     try:
         wait_for((job_a.attempts_dir / sid / "0001" / "started").exists, timeout=60)
         os.kill(stalled.pid, signal.SIGSTOP)
         rescuer = spawn_worker(job_b, "tag")
         assert rescuer.wait(timeout=60) == 0
+        release.touch()
         os.kill(stalled.pid, signal.SIGCONT)
         assert stalled.wait(timeout=60) == 0
     finally:
