@@ -245,8 +245,8 @@ def test_merge_killed_mid_copy_or_before_rename_never_shows_a_partial_output(tmp
             out.write_bytes(old)  # an existing output survives a killed --overwrite merge whole
         proc = spawn(cmd)
         assert proc.wait(timeout=120) == -signal.SIGKILL
+        assert (not out.exists()) if round_ == 0 else out.read_bytes() == old, "a partial merged output is visible"
         assert [n for n in _temps(out_dir) if (out_dir / n).stat().st_size > 0], "the kill was not mid-copy"
-        assert (not out.exists()) if round_ == 0 else out.read_bytes() == old
     # killed after the temp file is complete, just before the rename
     proc = spawn(
         [sys.executable, "-m", "tests.chaos.killpoint", "merge", "--job-dir", str(job.root), "--output", str(out)]
