@@ -94,7 +94,7 @@ def test_skewed_clock_neither_steals_live_leases_nor_keeps_dead_ones(tmp_path, o
         assert os.listdir(job.claims_dir) == [f"{sid}@0001"], "a live lease was stolen"
         # the owner dies: its lease goes stale after lock_timeout, not an hour later, whoever judges it
         kill_group(owner, signal.SIGKILL)
-        owner.wait(timeout=30)
+        owner.wait(timeout=120)
         last_beat = last_heartbeat(job, sid, 1)
         rescuer = worker(skewed == "others", "rescuer", DJE_TEST_SLEEP="0")
         assert rescuer.wait(timeout=60) == 0, (logs / "rescuer.log").read_text()

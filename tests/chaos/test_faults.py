@@ -95,7 +95,7 @@ def test_chaos_random_kills_and_restarts_lose_nothing(tmp_path):
         for p in live:
             kill_group(p)
     for p, sig, finished, log in ended:
-        code = p.wait(timeout=30)
+        code = p.wait(timeout=120)
         if finished and code == 0:
             continue
         if sig == signal.SIGKILL:
@@ -144,9 +144,9 @@ def test_stale_lease_found_by_many_workers_at_once_has_one_winner_every_round(tm
     store = ClaimStore(job, lock_timeout=3.0, host="driver")
     try:
         for r in range(rounds):
-            start.wait(timeout=30)
-            got = [results.get(timeout=30) for _ in range(racers)]
-            finish.wait(timeout=30)
+            start.wait(timeout=120)
+            got = [results.get(timeout=120) for _ in range(racers)]
+            finish.wait(timeout=120)
             winners = [attempt for rnd, attempt in got if attempt is not None]
             assert winners == [r + 1], f"round {r}: {got}"
             # the winner dies at once: its lease ages past the timeout before the next round
@@ -175,7 +175,7 @@ def test_stalled_worker_resumes_cannot_publish_and_merge_uses_the_winner(tmp_pat
         assert_taken_over_after_timeout(job, sid, 1, last_beat)
         release.touch()
         os.kill(stalled.pid, signal.SIGCONT)
-        assert stalled.wait(timeout=30) == 0  # cannot publish; sees the job done; exits cleanly
+        assert stalled.wait(timeout=120) == 0  # cannot publish; sees the job done; exits cleanly
     finally:
         os.kill(stalled.pid, signal.SIGCONT) if stalled.poll() is None else None
         kill_group(stalled)
