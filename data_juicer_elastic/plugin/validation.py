@@ -20,8 +20,9 @@ from urllib.parse import urlparse
 
 from data_juicer_elastic.errors import UserError
 from data_juicer_elastic.plugin.schema import KEY, settings_from_cfg
+from data_juicer_elastic.prepare.inputs import SUFFIXES
 
-INPUT_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
+INPUT_SUFFIXES = tuple(SUFFIXES)  # what prepare reads
 MEDIA_KEY_OPTIONS = ("image_key", "audio_key", "video_key")
 # recipe keys whose op lists are themselves ops (fused ops)
 _NESTED_LISTS = {"fused_op_list": "op", "op_specs": "spec"}

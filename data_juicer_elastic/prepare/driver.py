@@ -16,7 +16,6 @@ import dataclasses
 import hashlib
 import os
 import shutil
-import socket
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -52,6 +51,7 @@ from data_juicer_elastic.prepare.shards import (
 from data_juicer_elastic.prepare.split import Piece, Stream, TooFewRows, plan
 from data_juicer_elastic.progress import ProgressBar
 from data_juicer_elastic.storage.files import atomic_write, disk_full_in, dumps_json, fsync_dir, no_space_error
+from data_juicer_elastic.storage.host import hostname
 
 INLINE_BELOW = 32 << 20  # smaller inputs are not worth starting worker processes for
 MAX_JOBS = 8
@@ -200,7 +200,7 @@ class _Staging:
 
     def __init__(self, target: Path) -> None:
         self.target = target
-        token = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        token = f"{hostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.path = target.parent / f".{target.name}{STAGING_MARK}{token}"
         self._published = False
         self._made_parents: list[Path] = []

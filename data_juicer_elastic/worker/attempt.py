@@ -21,7 +21,8 @@ from data_juicer_elastic.job.claims import ClaimStore, Lease, heartbeat
 from data_juicer_elastic.job.layout import JobDir, Policy, attempt_name
 from data_juicer_elastic.job.records.attempt import AttemptRecord, attempt_file, write_attempt
 from data_juicer_elastic.job.records.done import DoneRecord, publish_done
-from data_juicer_elastic.storage.files import disk_full_in, hash_file
+from data_juicer_elastic.storage.blocks import digest_file
+from data_juicer_elastic.storage.files import disk_full_in
 from data_juicer_elastic.worker.budget import fail_terminally, failure_count
 from data_juicer_elastic.worker.disk_full import NoSpace, give_back, space_for
 from data_juicer_elastic.worker.outputs import OutputDigest, inspect_output
@@ -163,15 +164,15 @@ def verified_shard(job: JobDir, sid: str) -> Path:
     spec = job.shard(sid)
     path = job.shard_file(sid)
     try:
-        sha, size = hash_file(str(path))
+        d = digest_file(path)
     except OSError as exc:
         raise ShardMismatch(
             f"{path}: cannot be read ({exc.strerror}); restore it from a backup "
             "or prepare the job again in a new job dir"
         ) from exc
-    if (size, sha) != (spec.bytes, spec.sha256):
+    if (d.bytes, d.sha256) != (spec.bytes, spec.sha256):
         raise ShardMismatch(
-            f"{path}: does not match the manifest ({size} bytes, sha256 {sha[:12]}…; the manifest says "
+            f"{path}: does not match the manifest ({d.bytes} bytes, sha256 {d.sha256[:12]}…; the manifest says "
             f"{spec.bytes} bytes, sha256 {spec.sha256[:12]}…): it changed after prepare, so it is not run; "
             "restore it, or prepare the job again in a new job dir"
         )
