@@ -26,7 +26,7 @@ from pathlib import Path
 import orjson
 import yaml
 
-from data_juicer_elastic.coordination.session import run_root
+from data_juicer_elastic.coordination.rundir import run_root
 from data_juicer_elastic.job.claims import parse_lease_name
 from data_juicer_elastic.job.layout import JobDir
 
