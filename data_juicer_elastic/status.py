@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -14,6 +15,8 @@ from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.storage.files import atomic_write, dumps_json, read_record
 
 STATES = ("pending", "running", "stale", "done", "failed")
+OPS_NAME = "ops.json"  # per-op row counts a runner leaves in the attempt dir (see plugin/opcounts)
+ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 @dataclass

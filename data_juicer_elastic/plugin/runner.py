@@ -36,6 +36,7 @@ import yaml
 
 from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.plugin import opcounts
 
 RECIPE_NAME = "recipe.yaml"
 LOG_NAME = "process.log"
@@ -206,17 +207,25 @@ class ShardLoader:
 
     executor_type = "ray"  # read by RayExecutor.run
 
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: Any, count_sink: str | None = None) -> None:
         self.cfg = cfg
+        self.count_sink = count_sink  # see opcounts: per-op row counts land there
+        self.dataset: Any = None
+        self.rows_in = 0
 
     def load_dataset(self, **_: Any) -> Any:
         from data_juicer.core.data.ray_dataset import RayDataset
+
+        from data_juicer_elastic.plugin.opcounts import counting_dataset_class
 
         read_kwargs: dict[str, Any] = {"override_num_blocks": getattr(self.cfg, "override_num_blocks", None)}
         if getattr(self.cfg, "read_options", None):
             read_kwargs["read_options"] = self.cfg.read_options
         data = RayDataset.read("json", self.cfg.dataset_path, **read_kwargs).materialize()
-        return RayDataset(data, dataset_path=self.cfg.dataset_path, cfg=self.cfg)
+        self.rows_in = data.count()  # metadata of a materialised dataset: no pass over the rows
+        self.dataset = counting_dataset_class()(data, dataset_path=self.cfg.dataset_path, cfg=self.cfg)
+        self.dataset.count_sink, self.dataset.op_names = self.count_sink, []
+        return self.dataset
 
 
 # --------------------------------------------------------------------------- output
@@ -375,8 +384,13 @@ class RayShardRunner:
         cfg = attempt_config(base, os.path.abspath(shard_path), str(attempt_dir))
         t1 = time.perf_counter()
         executor = RayExecutor(cfg)
-        executor.datasetbuilder = ShardLoader(executor.cfg)
-        dataset = executor.run()
+        sink = opcounts.new_sink()
+        try:
+            executor.datasetbuilder = loader = ShardLoader(executor.cfg, sink)
+            dataset = executor.run()
+            opcounts.collect(sink, loader.dataset.op_names, loader.rows_in, attempt_dir)
+        finally:
+            shutil.rmtree(sink, ignore_errors=True)
         t2 = time.perf_counter()
         expected = dataset.data.count() if dataset is not None else None
         rows = join_parts(export_path, Path(output_path))

@@ -31,7 +31,7 @@ from data_juicer_elastic.errors import ElasticError, IntegrityError, UserError
 from data_juicer_elastic.job.claims import RELEASED_MTIME, ClaimStore, Heartbeat, Lease
 from data_juicer_elastic.job.identity import hostname
 from data_juicer_elastic.job.layout import JobDir, attempt_name
-from data_juicer_elastic.status import failure_message
+from data_juicer_elastic.status import ANSI_RE, OPS_NAME, failure_message
 from data_juicer_elastic.storage.files import (
     atomic_write,
     disk_full_in,
@@ -343,6 +343,7 @@ class Worker:
             "output": str(output.relative_to(self.job.root)),
             "started_at": info["started_at"],
             "finished_at": time.time(),
+            **op_totals(adir),
         }
         try:
             published = publish_once(self.job.done_path(sid), dumps_json(record))
@@ -354,7 +355,12 @@ class Worker:
             self._write_info(adir, info, "duplicate", "another attempt published done first")
             return "duplicate"
         self._write_info(adir, info, "done")
-        self.log(f"done {sid} rows={digest.rows} attempt {attempt_name(attempt)}")
+        seconds = record["finished_at"] - info["started_at"]
+        dropped = record.get("error_rows")
+        self.log(
+            f"done {sid} rows={digest.rows} in {seconds:.1f}s attempt {attempt_name(attempt)}"
+            + (f" ({dropped} row(s) removed by op errors; see {adir / 'process.log'})" if dropped else "")
+        )
         return "done"
 
     def _new_attempt_dir(self, sid: str, attempt: int) -> Path:
@@ -437,7 +443,10 @@ class Worker:
             f.write("\n" + "".join(traceback.format_exception(exc)))
         self._finish(adir, info, "failed", error)
         failures = failure_count(self.job, lease.shard, lease.attempt)
-        self.log(f"{lease.shard} attempt {attempt_name(lease.attempt)} failed ({failures} failure(s)): {error}")
+        self.log(
+            f"{lease.shard} attempt {attempt_name(lease.attempt)} failed ({failures} failure(s)): "
+            f"{first_line(error)}; log: {adir / 'process.log'}"
+        )
         if terminal or failures > self.policy.max_retries:
             self._publish_failed(lease.shard, lease.attempt, error)
         self.store.release(lease)
@@ -460,6 +469,18 @@ class Worker:
             "at": time.time(),
         }
         publish_once(self.job.failed_path(sid), dumps_json(record))
+
+
+def op_totals(adir: Path) -> dict:
+    """Rows in and rows removed by op errors from the runner's ``ops.json`` (absent: a runner that counts nothing)."""
+    ops = read_record(adir / OPS_NAME)
+    return {k: ops[k] for k in ("rows_in", "error_rows") if type(ops.get(k)) is int}
+
+
+def first_line(text: str, limit: int = 300) -> str:
+    """One line of an error for the console (tracebacks and ANSI colours stay in process.log)."""
+    line = ANSI_RE.sub("", text).strip().splitlines()[0] if text.strip() else text
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def _read_attempt(job: JobDir, sid: str) -> int | None:
