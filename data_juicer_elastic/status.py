@@ -29,6 +29,7 @@ class ShardStatus:
     input_rows: int = 0
     heartbeat_age_secs: float | None = None
     error: str | None = None
+    error_rows: int = 0
 
 
 @dataclass
@@ -45,6 +46,9 @@ class JobStatus:
     complete: bool
     failed: bool = False
     notes: list[str] = field(default_factory=list)
+    started_at: float | None = None  # earliest start among done shards
+    hosts_active: list[str] = field(default_factory=list)  # hosts holding a live lease now
+    error_rows: int = 0  # rows removed by op errors (skip_op_error) in done shards
 
     def to_dict(self) -> dict:
         """JSON-ready view for output only: shard entries are the objects' own dicts.
@@ -71,6 +75,7 @@ def job_status(job: JobDir) -> JobStatus:
         if spec.id in done:
             rec = read_record(job.done_path(spec.id))
             s.state, s.host, s.rows = "done", rec.get("host"), rec.get("rows")
+            s.error_rows = rec.get("error_rows") if type(rec.get("error_rows")) is int else 0
             hosts[s.host or "?"] = hosts.get(s.host or "?", 0) + 1
             first_start = min(first_start, rec.get("started_at", first_start))
             last_finish = max(last_finish, rec.get("finished_at", last_finish))
@@ -91,7 +96,8 @@ def job_status(job: JobDir) -> JobStatus:
     for s in shards:
         counts[s.state] += 1
     rows_done = sum(s.input_rows for s in shards if s.state == "done")
-    elapsed = last_finish - first_start
+    complete = counts["done"] == len(shards)
+    elapsed = (last_finish if complete else max(now, last_finish)) - first_start
     return JobStatus(
         job_dir=str(job.root),
         counts=counts,
@@ -102,8 +108,11 @@ def job_status(job: JobDir) -> JobStatus:
         output_rows=sum(s.rows or 0 for s in shards if s.state == "done"),
         progress=rows_done / manifest.total_rows if manifest.total_rows else 1.0,
         rows_per_sec=round(rows_done / elapsed, 1) if elapsed > 0 else None,
-        complete=counts["done"] == len(shards),
+        complete=complete,
         failed=counts["failed"] > 0,
+        started_at=first_start if first_start != float("inf") else None,
+        hosts_active=sorted({s.host or "?" for s in shards if s.state == "running"}),
+        error_rows=sum(s.error_rows for s in shards),
     )
 
 
@@ -150,4 +159,31 @@ def failure_message(job: JobDir, sid: str) -> str:
         f"shard {sid} failed terminally on host={rec.get('host')} after {rec.get('failures')} failure(s): "
         f"{rec.get('error')}; see {log}; fix the cause, then "
         f"`dj-elastic retry --job-dir {job.root} --shard-id {sid}` and submit the job again"
+    )
+
+
+def first_line(text: str, limit: int = 300) -> str:
+    """One line of an error for the console (tracebacks and ANSI colours stay in process.log)."""
+    line = ANSI_RE.sub("", text).strip().splitlines()[0] if text.strip() else text
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def error_rows_by_shard(job: JobDir) -> dict[str, int]:
+    """Rows that ops removed by raising (Data-Juicer's skip_op_error), per done shard that lost any."""
+    found = {}
+    for sid in sorted(job.done_ids()):
+        n = read_record(job.done_path(sid)).get("error_rows")
+        if type(n) is int and n > 0:
+            found[sid] = n
+    return found
+
+
+def describe_error_rows(found: dict[str, int]) -> str:
+    """`` 2 row(s) removed by op errors in 1 shard(s) (part-...=2)`` or an empty string."""
+    if not found:
+        return ""
+    listing = ", ".join(f"{sid}={n}" for sid, n in list(found.items())[:5]) + (", ..." if len(found) > 5 else "")
+    return (
+        f"{sum(found.values())} row(s) removed by op errors (skip_op_error) in {len(found)} shard(s): {listing}; "
+        "each shard's process.log has the errors, `dj-elastic report` the ops"
     )

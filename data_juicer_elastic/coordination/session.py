@@ -51,7 +51,8 @@ from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.versions import check_versions
 from data_juicer_elastic.merge import merge, verify
 from data_juicer_elastic.prepare.driver import prepare
-from data_juicer_elastic.status import failure_message
+from data_juicer_elastic.report import write_report
+from data_juicer_elastic.status import describe_error_rows, error_rows_by_shard, failure_message
 from data_juicer_elastic.storage.files import (
     atomic_write,
     dumps_json,
@@ -567,6 +568,13 @@ class _AfterPrepare(_Session):
         return "; ".join(parts)
 
     # finalize -----------------------------------------------------------------------------------
+    def write_report(self) -> None:
+        """The job report in the job dir; a report that cannot be written never fails the job."""
+        try:
+            self.log(f"job report: {write_report(self.job.root)}")
+        except Exception as exc:  # the merged output is what matters
+            self.log(f"job report not written: {type(exc).__name__}: {exc}")
+
     def finalize_phase(self) -> Outcome:
         return self.run.aborted() or self.coordinate(self.run, "finalize", self.do_finalize)
 
@@ -580,11 +588,13 @@ class _AfterPrepare(_Session):
         if not report.ok or not report.complete:
             raise IntegrityError("verify refused the job: " + "; ".join(report.problems or ["incomplete"]))
         merged = merge(self.job, self.spec.export_path, overwrite=self.spec.overwrite_output, log=self.log)
+        self.write_report()
         expected = f" ({len(hosts)} of {self.spec.nodes} expected nodes)" if self.spec.nodes else ""
         return Outcome(
             EXIT_OK,
             f"{merged.shards} shards completed by {len(hosts)} host(s){expected}: {listing}; "
-            f"{merged.rows} rows merged into {merged.output}",
+            f"{merged.rows} rows merged into {merged.output}"
+            + (f"; {dropped}" if (dropped := describe_error_rows(error_rows_by_shard(self.job))) else ""),
             self.host,
             self.pid,
             hosts,

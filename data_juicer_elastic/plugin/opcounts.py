@@ -33,7 +33,6 @@ from data_juicer_elastic.status import OPS_NAME
 from data_juicer_elastic.storage.files import atomic_write, dumps_json
 
 
-
 def _append(sink: str, kind: str, index: int, rows: int) -> None:
     with open(os.path.join(sink, f"{os.getpid()}.txt"), "a", encoding="ascii") as f:
         f.write(f"{kind} {index} {rows}\n")
@@ -72,7 +71,7 @@ def count_op_errors(op: Any, sink: str, index: int) -> None:
     if not getattr(op, "skip_op_error", False) or not isinstance(op, (Mapper, Filter)):
         return
     batched = op.is_batched_op()
-    names = {"process": "process"} if isinstance(op, Mapper) else {"compute_stats": "compute_stats", "process": "process"}
+    names = ("process",) if isinstance(op, Mapper) else ("compute_stats", "process")
     for attr in names:
         raw = getattr(op, f"{attr}_batched" if batched else f"{attr}_single", None)
         if raw is None:

@@ -122,7 +122,13 @@ def patch_config(module: ModuleType) -> bool:
     def init_setup_from_cfg_checked(cfg: Any, *args: Any, **kwargs: Any) -> Any:
         # before the original creates the work dir, logs and backups
         on_parsed(cfg, getattr(module, "_normalize_partition_size_config", None))
-        return init_setup_from_cfg(cfg, *args, **kwargs)
+        result = init_setup_from_cfg(cfg, *args, **kwargs)
+        if cfg.get("executor_type") == NAME:  # after Data-Juicer set its logger up, before the config table
+            from data_juicer_elastic.plugin.console import install_story_console
+            from data_juicer_elastic.plugin.schema import settings_from_cfg
+
+            install_story_console(settings_from_cfg(cfg).console)
+        return result
 
     module.build_base_parser = build_base_parser_extended
     module.init_setup_from_cfg = init_setup_from_cfg_checked

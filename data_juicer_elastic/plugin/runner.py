@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import logging
 import os
 import re
 import shutil
@@ -26,8 +25,6 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +34,7 @@ import yaml
 from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.plugin import opcounts
+from data_juicer_elastic.plugin.console import attempt_log
 
 RECIPE_NAME = "recipe.yaml"
 LOG_NAME = "process.log"
@@ -274,28 +272,6 @@ def remove(path: Path) -> None:
         shutil.rmtree(path)
     else:
         path.unlink(missing_ok=True)
-
-
-# --------------------------------------------------------------------------- logs
-@contextmanager
-def attempt_log(path: Path, level: str = "INFO") -> Iterator[None]:
-    """Data-Juicer's (loguru) and Ray's (logging) messages of this attempt also go to ``path``."""
-    from loguru import logger
-
-    sink = logger.add(str(path), level=level, backtrace=False, diagnose=False, enqueue=False)
-    handler = logging.FileHandler(path, encoding="utf-8")
-    handler.setLevel(level)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    ray_loggers = [logging.getLogger("ray"), logging.getLogger("ray.data")]
-    for lg in ray_loggers:
-        lg.addHandler(handler)
-    try:
-        yield
-    finally:
-        for lg in ray_loggers:
-            lg.removeHandler(handler)
-        handler.close()
-        logger.remove(sink)
 
 
 # --------------------------------------------------------------------------- runner

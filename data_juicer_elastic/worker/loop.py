@@ -31,7 +31,7 @@ from data_juicer_elastic.errors import ElasticError, IntegrityError, UserError
 from data_juicer_elastic.job.claims import RELEASED_MTIME, ClaimStore, Heartbeat, Lease
 from data_juicer_elastic.job.identity import hostname
 from data_juicer_elastic.job.layout import JobDir, attempt_name
-from data_juicer_elastic.status import ANSI_RE, OPS_NAME, failure_message
+from data_juicer_elastic.status import OPS_NAME, failure_message, first_line
 from data_juicer_elastic.storage.files import (
     atomic_write,
     disk_full_in,
@@ -475,12 +475,6 @@ def op_totals(adir: Path) -> dict:
     """Rows in and rows removed by op errors from the runner's ``ops.json`` (absent: a runner that counts nothing)."""
     ops = read_record(adir / OPS_NAME)
     return {k: ops[k] for k in ("rows_in", "error_rows") if type(ops.get(k)) is int}
-
-
-def first_line(text: str, limit: int = 300) -> str:
-    """One line of an error for the console (tracebacks and ANSI colours stay in process.log)."""
-    line = ANSI_RE.sub("", text).strip().splitlines()[0] if text.strip() else text
-    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def _read_attempt(job: JobDir, sid: str) -> int | None:
