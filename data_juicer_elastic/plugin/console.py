@@ -31,6 +31,7 @@ STORY_FORMAT = "<green>{time:YYYY-MM-DD HH:mm:ss}</green> | <level>{level: <7}</
 _seen: set[str] = set()
 _seen_lock = threading.Lock()
 _installed = {"loguru": False}
+_attempt_logs: list[Path] = []  # the log of the attempt running now (Ray's worker output goes there)
 
 
 def console_mode(configured: str | None = None) -> str:
@@ -98,6 +99,8 @@ _RAY_FILTER = _RayConsoleFilter()
 
 def quiet_ray_console() -> None:
     """Ray's (and Ray Data's) console handlers keep only warnings and errors, each once."""
+    if not story_on():
+        return
     names = [n for n in list(logging.Logger.manager.loggerDict) if n == "ray" or n.startswith("ray.")]
     for name in names:
         for handler in getattr(logging.getLogger(name), "handlers", []):
@@ -106,13 +109,42 @@ def quiet_ray_console() -> None:
                 handler.addFilter(_RAY_FILTER)
 
 
+def story_on() -> bool:
+    return _installed["loguru"]
+
+
+def route_ray_worker_logs() -> None:
+    """Ray's worker output (the ops' own prints and errors) goes to the running attempt's log, not the console."""
+    if not story_on():
+        return
+    try:
+        from ray._private import worker
+    except ImportError:
+        return
+    dispatcher = getattr(worker, "global_worker_stdstream_dispatcher", None)
+    if dispatcher is None or not hasattr(dispatcher, "remove_handler"):
+        return
+    dispatcher.remove_handler("ray_print_logs")
+    dispatcher.add_handler("ray_print_logs", _worker_lines_to_attempt_log)
+
+
+def _worker_lines_to_attempt_log(data: dict) -> None:
+    if not _attempt_logs:
+        return
+    who = f"({data.get('task_name') or data.get('actor_name') or 'ray worker'} pid={data.get('pid')})"
+    try:
+        with open(_attempt_logs[-1], "a", encoding="utf-8") as f:
+            f.writelines(f"{who} {line}\n" for line in data.get("lines", []))
+    except OSError:
+        pass  # the attempt ended meanwhile: its log is closed
+
+
 @contextmanager
 def attempt_log(path: Path, level: str = "INFO") -> Iterator[None]:
     """Data-Juicer's (loguru) and Ray's (logging) messages of this attempt go to ``path``."""
     from loguru import logger
 
-    if _installed["loguru"]:
-        quiet_ray_console()  # Ray Data sets its handlers up on first use
+    quiet_ray_console()  # Ray Data sets its handlers up on first use
     sink = logger.add(str(path), level=level, backtrace=False, diagnose=False, enqueue=False)
     handler = logging.FileHandler(path, encoding="utf-8")
     handler.setLevel(level)
@@ -120,9 +152,11 @@ def attempt_log(path: Path, level: str = "INFO") -> Iterator[None]:
     ray_loggers = [logging.getLogger("ray"), logging.getLogger("ray.data")]
     for lg in ray_loggers:
         lg.addHandler(handler)
+    _attempt_logs.append(path)
     try:
         yield
     finally:
+        _attempt_logs.remove(path)
         for lg in ray_loggers:
             lg.removeHandler(handler)
         handler.close()

@@ -34,7 +34,7 @@ import yaml
 from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.plugin import opcounts
-from data_juicer_elastic.plugin.console import attempt_log
+from data_juicer_elastic.plugin.console import attempt_log, quiet_ray_console, route_ray_worker_logs
 
 RECIPE_NAME = "recipe.yaml"
 LOG_NAME = "process.log"
@@ -71,6 +71,7 @@ def start_ray(address: str, py_modules: list[str] | None = None) -> bool:
     from data_juicer.utils.mm_utils import SPECIAL_TOKEN_ENV_PREFIX
 
     os.environ[RAY_JOB_ENV_VAR] = "1"
+    quiet_ray_console()
     with _ray_lock:
         if ray.is_initialized():
             return False
@@ -85,6 +86,7 @@ def start_ray(address: str, py_modules: list[str] | None = None) -> bool:
         main = threading.current_thread() is threading.main_thread()
         saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)} if main else {}
         ray.init(address=address, **kwargs)
+        route_ray_worker_logs()
         for sig, handler in saved.items():
             if callable(handler) and signal.getsignal(sig) is not handler:
                 signal.signal(sig, handler)
