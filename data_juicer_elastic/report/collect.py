@@ -144,8 +144,9 @@ def shard_attempts(job: JobDir, sid: str, now: float, notes: list[str]) -> list[
             a.rows_out = _int(done.get("rows"))
         found.append(a)
     for a, later in itertools.pairwise(found):
-        if a.outcome == "lost":  # taken over: its bar ends where the next attempt began, if that is earlier
-            a.end = max(a.start, min(a.end, later.start))
+        if a.outcome == "lost":  # taken over: the shard was held up until the next attempt began
+            a.end = max(a.start, later.start)
+            a.error += f"; taken over by attempt {later.attempt} on {later.host}"
     return found
 
 

@@ -14,7 +14,7 @@ COLOURS = {
     "running": "#1f77b4",
     "stopped": "#7f7f7f",
 }
-SERIES = ["#1f77b4", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
+SERIES = ["#1f77b4", "#17becf", "#8c564b", "#e377c2", "#bcbd22", "#6b6ecf", "#7f7f7f", "#393b79", "#637939"]
 WIDTH, LABEL, LANE, AXIS = 1100, 190, 22, 28
 
 
