@@ -33,6 +33,13 @@ from data_juicer_elastic.status import OPS_NAME
 from data_juicer_elastic.storage.files import atomic_write, dumps_json
 
 
+COUNT_ENV = "DJ_ELASTIC_COUNT_OPS"  # "0" turns the counting off (tests/benchmarks/bench_op_counts.py)
+
+
+def enabled() -> bool:
+    return os.environ.get(COUNT_ENV, "1").strip() not in ("0", "false", "no")
+
+
 def _append(sink: str, kind: str, index: int, rows: int) -> None:
     with open(os.path.join(sink, f"{os.getpid()}.txt"), "a", encoding="ascii") as f:
         f.write(f"{kind} {index} {rows}\n")

@@ -362,13 +362,15 @@ class RayShardRunner:
         cfg = attempt_config(base, os.path.abspath(shard_path), str(attempt_dir))
         t1 = time.perf_counter()
         executor = RayExecutor(cfg)
-        sink = opcounts.new_sink()
+        sink = opcounts.new_sink() if opcounts.enabled() else None
         try:
             executor.datasetbuilder = loader = ShardLoader(executor.cfg, sink)
             dataset = executor.run()
-            opcounts.collect(sink, loader.dataset.op_names, loader.rows_in, attempt_dir)
+            if sink:
+                opcounts.collect(sink, loader.dataset.op_names, loader.rows_in, attempt_dir)
         finally:
-            shutil.rmtree(sink, ignore_errors=True)
+            if sink:
+                shutil.rmtree(sink, ignore_errors=True)
         t2 = time.perf_counter()
         expected = dataset.data.count() if dataset is not None else None
         rows = join_parts(export_path, Path(output_path))
