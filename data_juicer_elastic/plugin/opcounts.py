@@ -32,7 +32,6 @@ from typing import Any
 from data_juicer_elastic.status import OPS_NAME
 from data_juicer_elastic.storage.files import atomic_write, dumps_json
 
-
 COUNT_ENV = "DJ_ELASTIC_COUNT_OPS"  # "0" turns the counting off (tests/benchmarks/bench_op_counts.py)
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_end_to_end import PROCESS, count_rows, generate, run  # noqa: E402
+from bench_end_to_end import PROCESS, count_rows, generate, run
 
 TARGET = 1.02
 
