@@ -171,3 +171,30 @@ def test_report_of_a_half_written_job_dir_skips_what_is_broken(tmp_path):
     job.manifest_path.write_text("{")  # even the manifest
     html = write_report(job.root, tmp_path / "r.html").read_text()
     assert "manifest.json unreadable" in html and html.count('class="bar ') == 2
+
+
+WATCH = ["--watch", "--interval", "0.1"]
+
+
+def test_status_watch_follows_a_job_until_it_ends(tmp_path):
+    job = make_job(tmp_path, rows=40, shards=4)
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "data_juicer_elastic.cli", "status", "--job-dir", str(job.root), *WATCH],
+        cwd=REPO,
+        env=env_with(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    worker = spawn_worker(job, "weighted", DJE_TEST_UNIT="0.5")
+    try:
+        assert worker.wait(timeout=120) == 0
+        out, _ = watch.communicate(timeout=60)
+    finally:
+        for p in (worker, watch):
+            if p.poll() is None:
+                p.kill()
+    assert watch.returncode == 0, out
+    lines = out.splitlines()
+    assert "0/4 shards done" in lines[0] and "4/4 shards done" in lines[-1], out
+    assert any("1 running" in line and "1 host(s) active" in line for line in lines), out
+    assert len(lines) == len(set(line.split(" ", 1)[1] for line in lines)), "a line per change, not per poll"
