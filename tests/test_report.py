@@ -122,6 +122,8 @@ def test_report_of_a_real_job_in_chromium(tmp_path):
                 os.killpg(n.pid, signal.SIGKILL)
     logs = [(tmp_path / f"{h}.log").read_text() for h in ("node-a", "node-b")]
     assert codes == [0, 0], logs
+    story = "".join(logs)  # the console tells the takeover and the retries
+    assert "(taking over attempt 0001 of host=node-c" in story and "(retry after a failure)" in story, story
     page = job.root / REPORT_NAME
     assert page.exists(), "the finalize coordinator wrote no report into the job dir"
     html = page.read_text()

@@ -311,7 +311,7 @@ class Worker:
         adir = self._new_attempt_dir(sid, attempt)
         output = adir / "processed.jsonl"
         self._write_info(adir, info)
-        self.log(f"claimed {sid} attempt {attempt_name(attempt)}")
+        self.log(f"claimed {sid} attempt {attempt_name(attempt)}{self._claim_note(sid, attempt)}")
         heartbeat = Heartbeat(self.store, lease, self.policy.heartbeat_secs)
         try:
             with heartbeat:
@@ -391,6 +391,16 @@ class Worker:
             if full := disk_full_in(exc):
                 raise _NoSpace(adir / "attempt.json", full) from exc
             raise
+
+    def _claim_note(self, sid: str, attempt: int) -> str:
+        """Say when a claim takes over a lost attempt or retries a failed one (the console's story)."""
+        if attempt < 2:
+            return ""
+        prev = read_record(self.job.attempt_dir(sid, attempt - 1) / "attempt.json")
+        if prev.get("outcome") in (None, "running"):
+            who = f"host={prev.get('host', '?')} pid={prev.get('pid', '?')}"
+            return f" (taking over attempt {attempt_name(attempt - 1)} of {who}: its lease went stale)"
+        return " (retry after a failure)" if prev.get("outcome") == "failed" else ""
 
     def _verified_shard(self, sid: str) -> Path:
         """The shard's file, after checking its bytes and sha256 against the manifest."""
