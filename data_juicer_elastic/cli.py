@@ -98,8 +98,10 @@ def cmd_worker(a: Namespace) -> int:
     if a.runner:
         runner = load_runner(a.runner)
     else:
+        from data_juicer_elastic.plugin.console import install_story_console
         from data_juicer_elastic.plugin.runner import RayShardRunner
 
+        install_story_console()  # DJ_ELASTIC_CONSOLE=full keeps Data-Juicer's and Ray's output
         runner = RayShardRunner(ray_address=a.ray_address or job.manifest().policy.ray_address)
     result = run_worker(job.root, runner, max_shards=a.max_shards, stop_when_idle=a.stop_when_idle)
     print(f"worker exit {result.exit_code}: {result.message}", file=sys.stderr if result.exit_code else sys.stdout)
