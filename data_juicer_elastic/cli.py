@@ -21,11 +21,7 @@ def _job_dir_arg(p: ArgumentParser) -> None:
     p.add_argument("--job-dir", required=True, help="the shared job directory")
 
 
-def _parser() -> ArgumentParser:
-    root = ArgumentParser(prog="dj-elastic", description="Elastic shard jobs for Data-Juicer on a shared directory.")
-    sub = root.add_subcommands(dest="command")
-
-    p = ArgumentParser(description="Validate the input and split it into shards (run once, on one node).")
+def _prepare_args(p: ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="the Data-Juicer recipe (YAML)")
     p.add_argument("--dataset-path", default=None, help="input JSONL file or directory (default: the recipe's)")
     p.add_argument("--job-dir", default=None, help="job directory (default: the recipe's elastic_shard.job_dir)")
@@ -35,50 +31,91 @@ def _parser() -> ArgumentParser:
     p.add_argument("--max-retries", type=int, default=None)
     p.add_argument("--poll-interval-secs", type=float, default=None)
     p.add_argument("--ray-address", default=None, help="node-local Ray runtime for workers (default: local)")
-    sub.add_subcommand("prepare", p, help="split the input into shards")
 
-    p = ArgumentParser(description="Claim and process shards until the job is complete.")
+
+def _worker_args(p: ArgumentParser) -> None:
     _job_dir_arg(p)
     p.add_argument("--max-shards", type=int, default=None, help="stop after completing this many shards")
     p.add_argument("--runner", default=None, help="MODULE:ATTR runner (default: Data-Juicer's RayExecutor)")
     p.add_argument("--allow-version-mismatch", action="store_true")
     p.add_argument("--ray-address", default=None, help="override the manifest's node-local Ray address")
     p.add_argument("--stop-when-idle", action="store_true", help="exit 1 instead of waiting on others' leases")
-    sub.add_subcommand("worker", p, help="claim and run shards")
 
-    p = ArgumentParser(description="Show shard states, hosts, progress.")
+
+def _status_args(p: ArgumentParser) -> None:
     _job_dir_arg(p)
     p.add_argument("--json", action="store_true", help="print a JSON object")
     p.add_argument("--all", action="store_true", help="list every shard, not only unfinished ones")
     p.add_argument("--watch", action="store_true", help="redraw one progress line in place until the job ends")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between redraws with --watch")
-    sub.add_subcommand("status", p, help="job progress (exit 1 while incomplete)")
 
-    p = ArgumentParser(description="Requeue failed (or done) shards; old records go to state/history.")
+
+def _retry_args(p: ArgumentParser) -> None:
     _job_dir_arg(p)
     p.add_argument("--all-failed", action="store_true")
     p.add_argument("--shard-id", nargs="+", default=None)
-    sub.add_subcommand("retry", p, help="requeue shards")
 
-    p = ArgumentParser(description="Verify every shard output and write them, in input order, to one file.")
+
+def _merge_args(p: ArgumentParser) -> None:
     _job_dir_arg(p)
     p.add_argument("--output", required=True)
     p.add_argument("--overwrite", action="store_true")
-    sub.add_subcommand("merge", p, help="verified, ordered, atomic merge")
 
-    p = ArgumentParser(description="Re-check every done record against its output.")
+
+def _verify_args(p: ArgumentParser) -> None:
     _job_dir_arg(p)
     p.add_argument("--expect-nodes", type=int, default=None, help="require this many distinct completion hosts")
-    sub.add_subcommand("verify", p, help="verify outputs (exit 1 while incomplete)")
 
-    p = ArgumentParser(description="The whole job from a recipe, as `dj-process` runs it on every node.")
+
+def _run_args(p: ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="the Data-Juicer recipe (YAML) with an elastic_shard block")
-    sub.add_subcommand("run", p, help="prepare, work and merge, coordinated across nodes")
 
-    p = ArgumentParser(description="One self-contained HTML page: timeline, throughput, hosts, failures, op counts.")
+
+def _report_args(p: ArgumentParser) -> None:
     _job_dir_arg(p)
     p.add_argument("--output", default=None, help="where to write it (default: <job-dir>/report.html)")
-    sub.add_subcommand("report", p, help="write the job report (HTML)")
+
+
+# name -> (description, one-line help, arguments)
+SUBCOMMANDS = {
+    "prepare": (
+        "Validate the input and split it into shards (run once, on one node).",
+        "split the input into shards",
+        _prepare_args,
+    ),
+    "worker": ("Claim and process shards until the job is complete.", "claim and run shards", _worker_args),
+    "status": ("Show shard states, hosts, progress.", "job progress (exit 1 while incomplete)", _status_args),
+    "retry": ("Requeue failed (or done) shards; old records go to state/history.", "requeue shards", _retry_args),
+    "merge": (
+        "Verify every shard output and write them, in input order, to one file.",
+        "verified, ordered, atomic merge",
+        _merge_args,
+    ),
+    "verify": (
+        "Re-check every done record against its output.",
+        "verify outputs (exit 1 while incomplete)",
+        _verify_args,
+    ),
+    "run": (
+        "The whole job from a recipe, as `dj-process` runs it on every node.",
+        "prepare, work and merge, coordinated across nodes",
+        _run_args,
+    ),
+    "report": (
+        "One self-contained HTML page: timeline, throughput, hosts, failures, op counts.",
+        "write the job report (HTML)",
+        _report_args,
+    ),
+}
+
+
+def _parser() -> ArgumentParser:
+    root = ArgumentParser(prog="dj-elastic", description="Elastic shard jobs for Data-Juicer on a shared directory.")
+    sub = root.add_subcommands(dest="command")
+    for name, (description, help_text, add_args) in SUBCOMMANDS.items():
+        p = ArgumentParser(description=description)
+        add_args(p)
+        sub.add_subcommand(name, p, help=help_text)
     return root
 
 
@@ -91,7 +128,8 @@ def cmd_prepare(a: Namespace) -> int:
 
 def cmd_worker(a: Namespace) -> int:
     from data_juicer_elastic.job.versions import check_versions
-    from data_juicer_elastic.worker.loop import load_runner, run_worker
+    from data_juicer_elastic.worker.loop import run_worker
+    from data_juicer_elastic.worker.runner import load_runner
 
     job = JobDir(a.job_dir)
     check_versions(job.manifest().versions, allow_mismatch=a.allow_version_mismatch)
@@ -150,9 +188,9 @@ def format_status(st, *, show_all: bool) -> str:
 
 
 def cmd_retry(a: Namespace) -> int:
-    from data_juicer_elastic.status import retry
+    from data_juicer_elastic.job.records.retry import requeue
 
-    requeued = retry(JobDir(a.job_dir), a.shard_id, all_failed=a.all_failed)
+    requeued = requeue(JobDir(a.job_dir), a.shard_id, all_failed=a.all_failed)
     print(f"requeued {len(requeued)} shard(s): {' '.join(requeued)}")
     return 0
 
