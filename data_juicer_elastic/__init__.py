@@ -2,8 +2,8 @@
 
 The package is laid out by layer (docs/DESIGN.md):
 
-* ``storage/`` - atomic writes, publish-once, the shared clock, bulk writes
-* ``job/`` - the job directory: layout and manifest, records, leases, host identity, versions
+* ``storage/`` - atomic writes, publish-once, the shared clock, bulk writes, block reads, lease refresh, the host name
+* ``job/`` - the job directory: layout and manifest, records, leases, versions
 * ``prepare/`` - input discovery, strict JSONL, the deterministic split
 * ``worker/`` - the claim loop, tail pacing, output checks
 * ``merge``, ``status`` - the ordered verified merge and read-only views

@@ -23,6 +23,7 @@ from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.job.layout import JobDir, ShardSpec
 from data_juicer_elastic.job.records.done import DoneRecord, load_done
 from data_juicer_elastic.progress import ProgressBar
+from data_juicer_elastic.storage.blocks import BLOCK, Digester, blocks, digest_file
 from data_juicer_elastic.storage.bulk_write import BulkWriter
 from data_juicer_elastic.storage.files import (
     atomic_write,
@@ -35,7 +36,6 @@ from data_juicer_elastic.storage.files import (
     temp_name,
 )
 
-BLOCK = 16 << 20
 NOT_DONE = "not done yet"
 
 
@@ -103,27 +103,14 @@ def _verify_shard(job: JobDir, spec: ShardSpec, buf: bytearray | None) -> tuple[
         return ShardCheck(spec.id, False, problem=NOT_DONE), False
     if buf is not None:
         try:
-            rows, size, sha, nl = _digest(output, buf)
+            d = digest_file(output, buf)
         except OSError as exc:
             problem = f"shard {spec.id}: {output} cannot be read ({exc.strerror}); restore it or rerun the shard"
             return ShardCheck(spec.id, False, record.host, record.rows, problem), True
-        problem = record.describe_mismatch(output, rows, size, sha, nl)
+        problem = record.describe_mismatch(output, d.rows, d.bytes, d.sha256, d.ends_with_newline)
         if problem:
             return ShardCheck(spec.id, False, record.host, record.rows, problem), True
     return ShardCheck(spec.id, True, record.host, record.rows), True
-
-
-def _digest(path: Path, buf: bytearray) -> tuple[int, int, str, bool]:
-    """(rows, bytes, sha256, ends with a newline or is empty) of a file, in large blocks."""
-    digest, rows, size, last = hashlib.sha256(), 0, 0, 10
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buf):
-            digest.update(view[:n])
-            rows += buf.count(b"\n", 0, n)
-            size += n
-            last = buf[n - 1]
-    return rows, size, digest.hexdigest(), last == 10
 
 
 # merge ------------------------------------------------------------------------
@@ -249,8 +236,7 @@ def _copy_one(
     tick: Callable[[int], None],
 ) -> tuple[int, int]:
     record, path = done
-    digest, rows, size, last = hashlib.sha256(), 0, 0, 10
-    view = memoryview(buf)
+    d = Digester()
     try:
         f = open(path, "rb", buffering=0)
     except OSError as exc:
@@ -258,20 +244,17 @@ def _copy_one(
             f"shard {record.shard}: {path} cannot be read ({exc.strerror}); restore it or rerun the shard"
         ) from exc
     with f:
-        while n := f.readinto(buf):
-            block = view[:n]
+        for block in blocks(f, buf):
             pending: Future = hasher.submit(merged.update, block)
-            digest.update(block)
-            rows += buf.count(b"\n", 0, n)
-            last = buf[n - 1]
+            d.update(block)
             writer.write(block)
             pending.result()  # the buffer is reused next round
-            size += n
-            tick(size)
-    problem = record.describe_mismatch(path, rows, size, digest.hexdigest(), last == 10)
+            tick(d.bytes)
+    got = d.result()
+    problem = record.describe_mismatch(path, got.rows, got.bytes, got.sha256, got.ends_with_newline)
     if problem:
         raise IntegrityError(problem)
-    return rows, size
+    return got.rows, got.bytes
 
 
 def _record(

@@ -54,9 +54,9 @@ from data_juicer_elastic.coordination.rundir import (
 from data_juicer_elastic.coordination.spec import JobSpec, strict_split_ok
 from data_juicer_elastic.coordination.work import AfterPrepare
 from data_juicer_elastic.errors import ElasticError, UserError
-from data_juicer_elastic.job.identity import hostname
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.prepare.driver import prepare
+from data_juicer_elastic.storage.host import hostname
 from data_juicer_elastic.worker.signals import Interrupted, received, signals_raise_interrupted
 
 Log = Callable[[str], None]

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from data_juicer_elastic.errors import UserError
+from data_juicer_elastic.job.layout import Policy
 from data_juicer_elastic.worker.runner import Runner
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ class JobSpec:
     require_all_nodes: bool = False
     max_shards: int | None = None
     wait_timeout_secs: float | None = 3600.0
-    poll_interval_secs: float = 5.0
+    poll_interval_secs: float = Policy.poll_interval_secs
     allow_version_mismatch: bool = False
     overwrite_output: bool = True
 

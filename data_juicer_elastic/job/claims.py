@@ -22,9 +22,9 @@ from pathlib import Path
 
 import orjson
 
-from data_juicer_elastic.job.identity import hostname
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.storage.files import create_exclusive, dumps_json, server_now, touch
+from data_juicer_elastic.storage.host import hostname
 from data_juicer_elastic.storage.refresher import LeaseRefresher
 
 SEP = "@"

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 
 from data_juicer_elastic.errors import ElasticError
 from data_juicer_elastic.job.claims import Lease, claim_store
-from data_juicer_elastic.job.identity import hostname
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.records.failed import failure_message
 from data_juicer_elastic.storage.files import disk_full_in, no_space_error
+from data_juicer_elastic.storage.host import hostname
 from data_juicer_elastic.worker.attempt import Attempt
 from data_juicer_elastic.worker.pacing import Pace
 from data_juicer_elastic.worker.runner import Runner
