@@ -24,7 +24,7 @@ import yaml
 from data_juicer_elastic.job.claims import RELEASED_MTIME
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.status import job_status
-from tests.test_integration import DJ_PROCESS, OFFLINE, write_jsonl
+from tests.reference import DJ_PROCESS, OFFLINE, write_jsonl
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_integration import dj_process, elastic_recipe, read_rows, write_jsonl
+from tests.reference import dj_process, read_rows, write_jsonl
+from tests.test_integration import elastic_recipe
 
 pytestmark = pytest.mark.slow
 ANSI = re.compile(r"\x1b\[")
