@@ -11,7 +11,7 @@ import pkgutil
 from pathlib import Path
 
 import data_juicer_elastic
-from data_juicer_elastic.errors import ElasticError, IntegrityError, JobFailed, UserError
+from data_juicer_elastic.errors import ElasticError, IntegrityError, JobFailed, PermanentError, UserError
 from data_juicer_elastic.jsonl import LineProblem
 from data_juicer_elastic.prepare.pool import _portable, _relinked
 from data_juicer_elastic.prepare.shards import _ShortRead
@@ -37,6 +37,7 @@ def _samples() -> list[BaseException]:
         IntegrityError("tampered"),
         failed,
         ShardMismatch("edited shard"),
+        PermanentError("/data/in.jsonl:28: a row Ray's JSON reader refuses"),
         LineProblem(3, "bad"),
         TooFewRows(4),
         _ShortRead(),
