@@ -12,6 +12,7 @@ from data_juicer_elastic.job.claims import ClaimStore
 from data_juicer_elastic.job.identity import hostname
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.storage.files import atomic_write, dumps_json, read_record
+from data_juicer_elastic.worker.speculation import RateBook, late_attempt
 
 STATES = ("pending", "running", "stale", "done", "failed")
 
@@ -26,6 +27,7 @@ class ShardStatus:
     input_rows: int = 0
     heartbeat_age_secs: float | None = None
     error: str | None = None
+    backup: dict | None = None  # a running backup (see ``backup_view``), or {"won": attempt} once done
 
 
 @dataclass
@@ -61,6 +63,7 @@ def job_status(job: JobDir) -> JobStatus:
     latest = store.latest_attempts()
     now = store.now() if len(done) + len(failed) < len(manifest.shards) else time.time()
     shards: list[ShardStatus] = []
+    book: RateBook | None = None  # the job's rate, read only if a backup runs
     hosts: dict[str, int] = {}
     first_start, last_finish = float("inf"), 0.0
     for spec in manifest.shards:
@@ -68,6 +71,8 @@ def job_status(job: JobDir) -> JobStatus:
         if spec.id in done:
             rec = read_record(job.done_path(spec.id))
             s.state, s.host, s.rows = "done", rec.get("host"), rec.get("rows")
+            if rec.get("backup") is True:
+                s.backup = {"won": rec.get("attempt")}
             hosts[s.host or "?"] = hosts.get(s.host or "?", 0) + 1
             first_start = min(first_start, rec.get("started_at", first_start))
             last_finish = max(last_finish, rec.get("finished_at", last_finish))
@@ -83,6 +88,9 @@ def job_status(job: JobDir) -> JobStatus:
             else:
                 s.heartbeat_age_secs = round(age, 1)
                 s.state = "running" if age < manifest.policy.lock_timeout_secs else "stale"
+            if lease.get("backup_of") == s.attempts - 1:
+                book = book or RateBook(job)
+                s.backup = backup_view(job, store, book, done, spec.id, s.attempts, now)
         shards.append(s)
     counts = {state: 0 for state in STATES}
     for s in shards:
@@ -102,6 +110,25 @@ def job_status(job: JobDir) -> JobStatus:
         complete=counts["done"] == len(shards),
         failed=counts["failed"] > 0,
     )
+
+
+def backup_view(
+    job: JobDir, store: ClaimStore, book: RateBook, done: set[str], sid: str, attempt: int, now: float
+) -> dict:
+    """A running backup: its host and attempt, the original's, and how late the original is."""
+    book.update(done)
+    original = attempt - 1
+    late = late_attempt(job, store, book, sid, original, now)
+    info = read_record(job.attempt_dir(sid, original) / "attempt.json")
+    return {
+        "attempt": attempt,
+        "host": (store.read_lease(sid, attempt) or {}).get("host"),
+        "original_attempt": original,
+        "original_host": info.get("host"),
+        "original_live": store.is_live(sid, original, now),
+        "original_elapsed_secs": round(late.elapsed, 1) if late else None,
+        "expected_secs": round(late.expected, 1) if late else None,
+    }
 
 
 def retry(job: JobDir, shard_ids: list[str] | None = None, *, all_failed: bool = False) -> list[str]:

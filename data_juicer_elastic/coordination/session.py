@@ -62,6 +62,7 @@ from data_juicer_elastic.storage.files import (
     touch,
 )
 from data_juicer_elastic.worker.loop import Interrupted, Runner, run_worker, signals_raise_interrupted
+from data_juicer_elastic.worker.speculation import Speculation
 
 if TYPE_CHECKING:
     from data_juicer_elastic.prepare.driver import PrepareRequest
@@ -109,6 +110,7 @@ class JobSpec:
     poll_interval_secs: float = 5.0
     allow_version_mismatch: bool = False
     overwrite_output: bool = True
+    speculation: Speculation = field(default_factory=Speculation)
 
     def check(self) -> None:
         if self.nodes is not None and self.nodes < 1:
@@ -119,6 +121,7 @@ class JobSpec:
             raise UserError(f"elastic_shard.max_shards must be at least 1, got {self.max_shards}")
         if (self.wait_timeout_secs is not None and self.wait_timeout_secs <= 0) or self.poll_interval_secs <= 0:
             raise UserError("elastic_shard.wait_timeout_secs and poll_interval_secs must be positive")
+        self.speculation.check()
 
     @property
     def timeout(self) -> float:
@@ -501,6 +504,7 @@ class _AfterPrepare(_Session):
                 runner,
                 host=self.host,
                 max_shards=self.shard_quota(),
+                speculation=self.spec.speculation,
                 should_stop=lambda: self.run.aborted() is not None,
                 log=self.log,
             )

@@ -9,6 +9,13 @@ filesystem's clock (never the local one) is ``lock_timeout`` past that mtime.
 Heartbeats rewrite a byte of the lease (``storage.touch``), so the file
 server stamps them. Releasing a lease sets its mtime to 1 (the epoch's first
 second: sshfs turns an mtime of 0 into "now"), which makes it claimable at once.
+
+Backups (``worker/speculation.py``) are the one exception to "one live lease
+per shard": a backup of a live, late attempt ``n`` is attempt ``n+1`` whose
+lease body says ``"backup_of": n``. It is published whole (write, then link),
+so a lease whose body does not (yet) say so is an ordinary takeover. Attempt
+``n`` then stays current beside its backup; only attempt ``n+2`` fences both
+(``is_current``), and that is only claimed once neither of them is live.
 """
 
 from __future__ import annotations
@@ -17,13 +24,14 @@ import os
 import threading
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 
 from data_juicer_elastic.job.layout import JobDir
-from data_juicer_elastic.storage.files import create_exclusive, dumps_json, server_now, touch
+from data_juicer_elastic.storage.files import create_exclusive, dumps_json, publish_once, server_now, touch
 
 SEP = "@"
 RELEASED_MTIME = 1  # a released lease's mtime; anything at or below it reads as released
@@ -38,6 +46,7 @@ class Lease:
     token: str
     path: Path
     claimed_at: float = 0.0  # the shared filesystem's clock when the lease file was made
+    backup_of: int | None = None  # the live attempt this one backs up (speculation), if any
 
 
 def lease_name(shard: str, attempt: int) -> str:
@@ -95,13 +104,7 @@ class ClaimStore:
         return age is not None and age < self.lock_timeout
 
     def read_lease(self, shard: str, attempt: int) -> dict | None:
-        try:
-            fd = os.open(self.lease_path(shard, attempt), os.O_RDONLY | os.O_NOFOLLOW)
-            with open(fd, "rb") as f:
-                data = orjson.loads(f.read(1 << 16))
-        except (OSError, ValueError):
-            return None
-        return data if isinstance(data, dict) else None
+        return read_lease(self.job, shard, attempt)
 
     # actions ----------------------------------------------------------------
     def try_claim(self, shard: str, current: int) -> Lease | None:
@@ -117,9 +120,40 @@ class ClaimStore:
             return None
         return lease
 
+    def try_backup(self, shard: str, original: int) -> Lease | None:
+        """Take attempt ``original + 1`` as a backup of the live attempt ``original``."""
+        attempt = original + 1
+        token = uuid.uuid4().hex
+        path = self.lease_path(shard, attempt)
+        body = {"shard": shard, "attempt": attempt, "host": self.host, "pid": self.pid, "token": token}
+        if not publish_once(path, dumps_json({**body, "backup_of": original})):  # appears whole
+            return None
+        lease = Lease(shard, attempt, self.host, self.pid, token, path, _mtime(path), backup_of=original)
+        if not self.is_current(lease):
+            return None
+        return lease
+
+    def backup_of(self, shard: str, attempt: int) -> int | None:
+        """The attempt that lease ``attempt`` backs up, or None for an ordinary (or unreadable) lease."""
+        return lease_backup_of(self.job, shard, attempt)
+
     def is_current(self, lease: Lease) -> bool:
-        """True while no later attempt exists; attempt numbers only ever grow by one."""
-        return not self.lease_path(lease.shard, lease.attempt + 1).exists()
+        """True while no later attempt fences this one; attempt numbers only ever grow by one.
+
+        A backup of this very attempt does not fence it: only the attempt after the backup does.
+        """
+        nxt = lease.attempt + 1
+        if not self.lease_path(lease.shard, nxt).exists():
+            return True
+        if self.backup_of(lease.shard, nxt) != lease.attempt:
+            return False
+        return not self.lease_path(lease.shard, nxt + 1).exists()
+
+    def live_pair(self, shard: str, latest: int, now: float) -> bool:
+        """Is the shard held live: its latest lease, or, when that is a backup, the attempt it backs up?"""
+        if self.is_live(shard, latest, now):
+            return True
+        return self.backup_of(shard, latest) is not None and self.is_live(shard, latest - 1, now)
 
     def renew(self, lease: Lease) -> None:
         touch(lease.path)
@@ -132,6 +166,23 @@ class ClaimStore:
             pass
 
 
+def read_lease(job: JobDir, shard: str, attempt: int) -> dict | None:
+    """A lease file's body (not following a symlink), or None."""
+    try:
+        fd = os.open(job.claims_dir / lease_name(shard, attempt), os.O_RDONLY | os.O_NOFOLLOW)
+        with open(fd, "rb") as f:
+            data = orjson.loads(f.read(1 << 16))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def lease_backup_of(job: JobDir, shard: str, attempt: int) -> int | None:
+    """The attempt that lease ``attempt`` backs up, or None for an ordinary (or unreadable) lease."""
+    of = (read_lease(job, shard, attempt) or {}).get("backup_of")
+    return of if type(of) is int and of == attempt - 1 else None
+
+
 def _mtime(path: Path) -> float:
     try:
         return os.lstat(path).st_mtime
@@ -140,21 +191,36 @@ def _mtime(path: Path) -> float:
 
 
 class Heartbeat:
-    """Renews a lease from a background thread until stopped or superseded."""
+    """Renews a lease from a background thread until stopped, superseded, or beaten to done.
 
-    def __init__(self, store: ClaimStore, lease: Lease, interval: float) -> None:
+    ``superseded`` is set when a later attempt fences this one, ``lost`` when
+    another attempt (a backup, or the original a backup ran beside) published
+    the shard's done record first; either way ``on_fenced`` is called once, so
+    the worker can stop its runner instead of finishing work nobody will use.
+    """
+
+    def __init__(
+        self, store: ClaimStore, lease: Lease, interval: float, on_fenced: Callable[[], None] | None = None
+    ) -> None:
         self.store = store
         self.lease = lease
         self.interval = interval
+        self.on_fenced = on_fenced
         self.superseded = threading.Event()
+        self.lost = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{lease.shard}", daemon=True)
 
     def _run(self) -> None:
+        done = self.store.job.done_path(self.lease.shard)
         while not self._stop.wait(self.interval):
             try:
-                if not self.store.is_current(self.lease):
-                    self.superseded.set()
+                fenced = self.superseded if not self.store.is_current(self.lease) else None
+                fenced = fenced or (self.lost if done.exists() else None)
+                if fenced is not None:
+                    fenced.set()
+                    if self.on_fenced is not None:
+                        self.on_fenced()
                     return
                 self.store.renew(self.lease)
             except OSError:

@@ -27,6 +27,7 @@ from data_juicer_elastic.plugin.runner import RayShardRunner
 from data_juicer_elastic.plugin.schema import NAME, ElasticShardSettings, settings_from_cfg
 from data_juicer_elastic.plugin.validation import INPUT_SUFFIXES, recipe_keys
 from data_juicer_elastic.prepare.driver import PrepareRequest
+from data_juicer_elastic.worker.speculation import Speculation
 
 AUTO_SHARD_BYTES = 256 << 20  # num_shards "auto": about this much input per shard
 
@@ -100,6 +101,12 @@ def job_spec(cfg: Any, recipe_text: str) -> JobSpec:
         wait_timeout_secs=settings.wait_timeout_secs,
         poll_interval_secs=settings.poll_interval_secs,
         allow_version_mismatch=settings.allow_version_mismatch,
+        speculation=Speculation(
+            enabled=settings.speculation,
+            quantile=settings.speculation_quantile,
+            multiplier=settings.speculation_multiplier,
+            min_secs=settings.speculation_min_secs,
+        ),
     )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Literal, Optional, Union
 
-from jsonargparse.typing import NonNegativeInt, PositiveFloat, PositiveInt
+from jsonargparse.typing import ClosedUnitInterval, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
 NAME = "elastic_shard"
 KEY = NAME  # the recipe key of the block
@@ -31,6 +31,10 @@ class ElasticShardSettings:
     max_shards: int | None = None
     ray_address: str = "local"
     allow_version_mismatch: bool = False
+    speculation: bool = True
+    speculation_quantile: float = 0.75
+    speculation_multiplier: float = 1.5
+    speculation_min_secs: float = 60.0
 
 
 # key -> (jsonargparse type, help); defaults come from the dataclass
@@ -70,6 +74,18 @@ _ARGS: dict[str, tuple[Any, str]] = {
         bool,
         "Let a node whose Data-Juicer / data-juicer-elastic versions differ from the manifest's work anyway.",
     ),
+    "speculation": (
+        bool,
+        "Back up late shards: a worker with nothing left to claim reruns a live shard of another host that "
+        "runs well past what its size predicts; the first to finish wins. false switches it off.",
+    ),
+    "speculation_quantile": (ClosedUnitInterval, "Fraction of the shards done before any backup starts."),
+    "speculation_multiplier": (
+        PositiveFloat,
+        "A shard is late once it has run this many times the time its bytes take at the job's median rate "
+        "(at least 1).",
+    ),
+    "speculation_min_secs": (NonNegativeFloat, "Never back up a shard that has run less than this many seconds."),
 }
 
 

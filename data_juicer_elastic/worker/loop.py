@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Protocol
 
 from data_juicer_elastic.errors import ElasticError, IntegrityError, UserError
-from data_juicer_elastic.job.claims import RELEASED_MTIME, ClaimStore, Heartbeat, Lease
+from data_juicer_elastic.job.claims import RELEASED_MTIME, ClaimStore, Heartbeat, Lease, lease_backup_of
 from data_juicer_elastic.job.identity import hostname
 from data_juicer_elastic.job.layout import JobDir, attempt_name
 from data_juicer_elastic.status import failure_message
@@ -42,12 +42,15 @@ from data_juicer_elastic.storage.files import (
     read_json,
     read_record,
 )
+from data_juicer_elastic.worker.fencing import Fenced, RunnerStopper
 from data_juicer_elastic.worker.outputs import inspect_output
 from data_juicer_elastic.worker.pacing import TAIL_LIMIT, BusyWorker, Pace, should_claim
+from data_juicer_elastic.worker.speculation import Speculation, Speculator
 
 # Outcomes of an attempt that do not count against the retry budget: the
-# worker was told to stop, it stalled and someone else took the shard, or the disk was full.
-NOT_FAILURES = ("interrupted", "superseded", "done", "duplicate", "no-space")
+# worker was told to stop, it stalled and someone else took the shard, its
+# backup (or the original it backed up) finished first, or the disk was full.
+NOT_FAILURES = ("interrupted", "superseded", "done", "duplicate", "lost-race", "no-space")
 
 
 class Runner(Protocol):
@@ -98,7 +101,7 @@ def failure_count(job: JobDir, shard: str, upto: int) -> int:
 
     An attempt that never recorded an outcome but whose lease was released
     was given up on purpose (the shard was done meanwhile, or the disk was
-    full): that is no failure.
+    full): that is no failure. A backup (speculation) never counts, however it ended.
     """
     base = 0
     if job.retry_path(shard).exists():
@@ -113,7 +116,10 @@ def failure_count(job: JobDir, shard: str, upto: int) -> int:
             )
     count = 0
     for attempt in range(base + 1, upto + 1):
-        outcome = read_record(job.attempt_dir(shard, attempt) / "attempt.json").get("outcome")  # None: lost
+        info = read_record(job.attempt_dir(shard, attempt) / "attempt.json")
+        outcome = info.get("outcome")  # None: lost
+        if info.get("backup") or lease_backup_of(job, shard, attempt) is not None:
+            continue
         if outcome not in NOT_FAILURES and not (outcome in (None, "running") and _released(job, shard, attempt)):
             count += 1
     return count
@@ -138,6 +144,7 @@ class Worker:
         max_shards: int | None = None,
         claim_limit: int | None = None,
         stop_when_idle: bool = False,
+        speculation: Speculation | None = None,
         should_stop: Callable[[], bool] | None = None,
         log: Callable[[str], None] = print,
     ) -> None:
@@ -157,6 +164,8 @@ class Worker:
         self._offset = zlib.crc32(f"{self.host}:{os.getpid()}".encode()) % len(self.order)
         self.claimed = 0
         self.pace = Pace()
+        self.speculator = Speculator(self.job, self.store, speculation or Speculation())
+        self.stopper = RunnerStopper()
         self._waiting = False  # declined to claim at the tail (logged once per stretch)
 
     # scanning ---------------------------------------------------------------
@@ -182,7 +191,7 @@ class Worker:
             candidates, unchecked = free + held, True
         else:  # every lease checked now: the live ones are the busy workers pacing counts on
             now = self.store.now() if held else 0.0
-            busy = [(sid, n) for sid, n in held if self.store.is_live(sid, n, now)]
+            busy = [(sid, n) for sid, n in held if self.store.live_pair(sid, n, now)]
             live = {sid for sid, _ in busy}
             candidates, unchecked = free + [(sid, n) for sid, n in held if sid not in live], False
             if candidates and not self._my_turn(len(candidates), busy, now):
@@ -190,7 +199,7 @@ class Worker:
         for sid, current in candidates:
             if current and unchecked:
                 now = self.store.now() if now is None else now
-                if self.store.is_live(sid, current, now):
+                if self.store.live_pair(sid, current, now):  # a backup's original counts too
                     continue
             if failure_count(self.job, sid, current) > self.policy.max_retries:
                 self._publish_failed(sid, current, "attempts lost (worker killed or stalled) past the retry budget")
@@ -202,6 +211,8 @@ class Worker:
                 self.store.release(lease)
                 continue
             return lease, done, failed
+        if not free:  # nothing left to claim: maybe back up a late shard of another host
+            return self.speculator.try_backup(held, done, self.log), done, failed
         return None, done, failed
 
     def _my_turn(self, claimable: int, busy: list[tuple[str, int]], now: float) -> bool:
@@ -232,7 +243,7 @@ class Worker:
     def run(self) -> WorkerResult:
         result = WorkerResult(exit_code=0)
         self.log(f"worker started on host={self.host} pid={os.getpid()} job_dir={self.job.root}")
-        with signals_raise_interrupted():
+        with signals_raise_interrupted(), self.stopper:
             try:
                 while True:
                     if self.should_stop():
@@ -293,6 +304,8 @@ class Worker:
             "claimed_at": lease.claimed_at,
             "pace": self.pace.seconds,
             "final": final,
+            "backup": lease.backup_of is not None,
+            "backup_of": lease.backup_of,
         }
         t0 = time.monotonic()
         try:
@@ -312,12 +325,18 @@ class Worker:
         output = adir / "processed.jsonl"
         self._write_info(adir, info)
         self.log(f"claimed {sid} attempt {attempt_name(attempt)}")
-        heartbeat = Heartbeat(self.store, lease, self.policy.heartbeat_secs)
+        heartbeat = Heartbeat(self.store, lease, self.policy.heartbeat_secs, on_fenced=self.stopper.fire)
         try:
             with heartbeat:
                 shard = self._verified_shard(sid)
-                self.runner(str(shard), str(output), str(self.job.root))
+                self.stopper.arm()
+                try:
+                    self.runner(str(shard), str(output), str(self.job.root))
+                finally:
+                    self.stopper.disarm()
                 digest = inspect_output(output)
+        except Fenced:  # the heartbeat found the attempt fenced and stopped the runner
+            return self._fenced(lease, adir, info, heartbeat.lost.is_set())
         except Interrupted:
             self._finish(adir, info, "interrupted")
             self.store.release(lease)
@@ -329,9 +348,9 @@ class Worker:
                 raise _NoSpace(output, full) from exc
             return self._attempt_failed(lease, adir, info, exc)
         if heartbeat.superseded.is_set() or not self.store.is_current(lease):
-            self._finish(adir, info, "superseded", "lease taken over by a later attempt; output not published")
-            self.log(f"{sid} attempt {attempt_name(attempt)} superseded; not publishing")
-            return "superseded"
+            return self._fenced(lease, adir, info, lost=False)
+        if heartbeat.lost.is_set() or self.job.done_path(sid).exists():
+            return self._fenced(lease, adir, info, lost=True)
         record = {
             "shard": sid,
             "attempt": attempt,
@@ -343,6 +362,7 @@ class Worker:
             "output": str(output.relative_to(self.job.root)),
             "started_at": info["started_at"],
             "finished_at": time.time(),
+            "backup": lease.backup_of is not None,
         }
         try:
             published = publish_once(self.job.done_path(sid), dumps_json(record))
@@ -351,11 +371,22 @@ class Worker:
                 raise _NoSpace(self.job.done_path(sid), full) from exc
             raise
         if not published:
-            self._write_info(adir, info, "duplicate", "another attempt published done first")
-            return "duplicate"
+            return self._fenced(lease, adir, info, lost=True)
         self._write_info(adir, info, "done")
         self.log(f"done {sid} rows={digest.rows} attempt {attempt_name(attempt)}")
         return "done"
+
+    def _fenced(self, lease: Lease, adir: Path, info: dict, lost: bool) -> str:
+        """Record why this attempt does not publish; its lease and folder stay as they are."""
+        sid, name = lease.shard, attempt_name(lease.attempt)
+        if lost:
+            winner = _read_attempt(self.job, sid)
+            self._write_info(adir, info, "lost-race", f"attempt {winner} published done first; output not published")
+            self.log(f"{sid} attempt {name} lost the race to attempt {winner}; not publishing")
+            return "lost-race"
+        self._write_info(adir, info, "superseded", "lease taken over by a later attempt; output not published")
+        self.log(f"{sid} attempt {name} superseded; not publishing")
+        return "superseded"
 
     def _new_attempt_dir(self, sid: str, attempt: int) -> Path:
         """The attempt's own folder, made now: one already there, or one outside the job dir, is refused."""
@@ -438,10 +469,20 @@ class Worker:
         self._finish(adir, info, "failed", error)
         failures = failure_count(self.job, lease.shard, lease.attempt)
         self.log(f"{lease.shard} attempt {attempt_name(lease.attempt)} failed ({failures} failure(s)): {error}")
-        if terminal or failures > self.policy.max_retries:
+        if terminal or (failures > self.policy.max_retries and not self._partner_live(lease)):
             self._publish_failed(lease.shard, lease.attempt, error)
         self.store.release(lease)
         return "failed"
+
+    def _partner_live(self, lease: Lease) -> bool:
+        """Is this attempt's backup running? Then the shard is not failed yet: the backup may finish it."""
+        backup = lease.attempt + 1
+        live = self.store.backup_of(lease.shard, backup) == lease.attempt and self.store.is_live(
+            lease.shard, backup, self.store.now()
+        )
+        if live:
+            self.log(f"{lease.shard}: past its retry budget, but backup attempt {backup} still runs")
+        return live
 
     def _finish(self, adir: Path, info: dict, outcome: str, error: str | None = None) -> None:
         info.update(outcome=outcome, finished_at=time.time(), error=error)
