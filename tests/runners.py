@@ -80,3 +80,44 @@ def die_after_output(shard_path: str, output_path: str, job_dir: str) -> None:
         out.flush()
         os.fsync(out.fileno())
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+_ran = [0]  # shards this process's straggler runner has started
+
+
+def _is_backup(output_path: str) -> bool:
+    import orjson
+
+    try:
+        return bool(orjson.loads((Path(output_path).parent / "attempt.json").read_bytes()).get("backup"))
+    except (OSError, ValueError):
+        return False
+
+
+def straggler(shard_path: str, output_path: str, job_dir: str) -> None:
+    """A copy that straggles on purpose, for speculation tests.
+
+    It straggles on hosts (DJ_ELASTIC_HOSTNAME) listed in DJE_TEST_SLOW_HOSTS, from this process's
+    DJE_TEST_SLOW_AFTER-th shard on (default 0: every shard), and on any host for backup attempts when
+    DJE_TEST_SLOW_BACKUPS=1. Straggling touches ``started`` in the attempt dir, then waits until the
+    shard's done record exists (DJE_TEST_UNTIL_DONE=1), the file DJE_TEST_GATE exists, or DJE_TEST_SLEEP
+    seconds (default 600) have passed, whichever comes first; then the output is written as by ``copy``.
+    """
+    from data_juicer_elastic.job.layout import JobDir
+
+    _ran[0] += 1
+    host = os.environ.get("DJ_ELASTIC_HOSTNAME", "")
+    slow_host = host in os.environ.get("DJE_TEST_SLOW_HOSTS", "").split(",") and _ran[0] > int(
+        os.environ.get("DJE_TEST_SLOW_AFTER", "0")
+    )
+    if slow_host or (os.environ.get("DJE_TEST_SLOW_BACKUPS") == "1" and _is_backup(output_path)):
+        Path(output_path).parent.joinpath("started").touch()
+        done = JobDir(job_dir).done_path(_shard_name(shard_path))
+        gate = os.environ.get("DJE_TEST_GATE")
+        until_done = os.environ.get("DJE_TEST_UNTIL_DONE") == "1"
+        deadline = time.monotonic() + float(os.environ.get("DJE_TEST_SLEEP", "600"))
+        while time.monotonic() < deadline:
+            if (until_done and done.exists()) or (gate and os.path.exists(gate)):
+                break
+            time.sleep(0.005)
+    copy(shard_path, output_path, job_dir)
