@@ -121,3 +121,32 @@ def straggler(shard_path: str, output_path: str, job_dir: str) -> None:
                 break
             time.sleep(0.005)
     copy(shard_path, output_path, job_dir)
+
+
+_weight_seen = [0.0, 1.0]  # when the done count was last looked at, the weight it gave
+
+
+def _row_weight(job_dir: str) -> float:
+    """DJE_TEST_WEIGHT, or DJE_TEST_WEIGHT_LATER once DJE_TEST_SLOW_AT shards are done (looked up every 0.1 s)."""
+    weight = float(os.environ.get("DJE_TEST_WEIGHT", "1"))
+    later, at = os.environ.get("DJE_TEST_WEIGHT_LATER"), os.environ.get("DJE_TEST_SLOW_AT")
+    if later is None or at is None:
+        return weight
+    now = time.monotonic()
+    if now - _weight_seen[0] >= 0.1:
+        done = Path(job_dir, "state", "done")
+        count = sum(1 for n in os.listdir(done) if n.endswith(".json") and not n.startswith("."))
+        _weight_seen[:] = [now, float(later) if count >= int(at) else weight]
+    return _weight_seen[1]
+
+
+def per_row(shard_path: str, output_path: str, job_dir: str) -> None:
+    """A copy that costs DJE_TEST_ROW_COST seconds per row times this node's weight (see ``_row_weight``).
+
+    The weight is applied row by row, so a node made slower mid-job slows down inside its current shard.
+    """
+    cost = float(os.environ.get("DJE_TEST_ROW_COST", "0.01"))
+    with open(shard_path, "rb") as src, open(output_path, "wb") as out:
+        for line in src:
+            time.sleep(cost * _row_weight(job_dir))
+            out.write(line)

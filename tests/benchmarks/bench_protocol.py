@@ -1,4 +1,4 @@
-"""Protocol benchmarks B5a, B5b and B6 (not a pytest module: run it directly).
+"""Protocol benchmarks B5a, B5b, B6 and B9 (not a pytest module: run it directly).
 
     . .venv/bin/activate && python tests/benchmarks/bench_protocol.py [--rounds 3]
 
@@ -29,8 +29,24 @@ B6   balance.  4 workers with ``tests.runners:weighted``: worker i sleeps
      Makespan is the wall time from the first spawn until the last worker has
      exited; the figure is makespan / ideal.  Target <= 1.15.
 
+     Workers run with speculation on (``--speculation-min-secs``, default 1 s,
+     as in B9), so B6 also checks that backups do not make a balanced run worse.
+
+B9   stragglers.  4 workers with ``tests.runners:per_row`` over a 64-shard job of
+     ``--b9-rows-per-shard`` rows each: every row costs DJE_TEST_ROW_COST = c
+     seconds times the worker's weight.  Weights start at (1, 1, 10, 1); once 32
+     shards are done the last worker's weight becomes 20 (it slows down inside its
+     current shard).  With u = c * rows per shard, the fluid ideal is
+
+         ideal = 32 / (3.1 / u) + 32 / (2.15 / u)
+
+     (50.4 s for the default u = 20 rows * 0.1 s = 2 s).  Each round runs the same job twice, speculation on
+     (``--speculation-min-secs``) and off (``--no-speculation``), side by side in
+     time; the figure is makespan / ideal.  Target on <= 1.10; off is reported.
+
 Each benchmark runs ``--rounds`` rounds (default 3) and reports the median.
 Workers use short leases (heartbeat 0.5 s, lock timeout 3 s, poll 0.05 s).
+Exit code 1 when a target is missed.
 """
 
 from __future__ import annotations
@@ -56,12 +72,17 @@ FAST = {"heartbeat_secs": 0.5, "lock_timeout_secs": 3.0, "poll_interval_secs": 0
 
 
 def run_workers(
-    job, n: int, runner: str, envs: list[dict[str, str]] | None = None, timeout: float = 600.0
+    job,
+    n: int,
+    runner: str,
+    envs: list[dict[str, str]] | None = None,
+    timeout: float = 600.0,
+    extra: tuple[str, ...] = (),
 ) -> tuple[float, list[int]]:
-    """Spawn ``n`` workers; seconds until all have exited, and their exit codes."""
+    """Spawn ``n`` workers (``extra`` on their command lines); seconds until all have exited, and their exit codes."""
     envs = envs or [{} for _ in range(n)]
     t0 = time.perf_counter()
-    procs = [spawn_worker(job, runner, **envs[i]) for i in range(n)]
+    procs = [spawn_worker(job, runner, *extra, **envs[i]) for i in range(n)]
     deadline = t0 + timeout
     for p in procs:
         try:
@@ -134,13 +155,19 @@ def bench_b5b(tmp: Path, rounds: int, shards: int, workers: int, run_secs: float
     return times, {"done": done, "attempted": attempted}
 
 
-def bench_b6(tmp: Path, rounds: int, shards: int, unit: float, weights: tuple[float, ...]) -> list[float]:
+def bench_b6(
+    tmp: Path, rounds: int, shards: int, unit: float, weights: tuple[float, ...], min_secs: float
+) -> list[float]:
     ideal = shards / sum(1 / (unit * w) for w in weights)
     ratios = []
     for r in range(rounds):
         job = make_job(tmp / f"b6-{r}", rows=shards, shards=shards, **FAST)
-        envs = [{"DJE_TEST_UNIT": str(unit), "DJE_TEST_WEIGHT": str(w)} for w in weights]
-        makespan, codes = run_workers(job, len(weights), "weighted", envs)
+        envs = [
+            {"DJE_TEST_UNIT": str(unit), "DJE_TEST_WEIGHT": str(w), "DJ_ELASTIC_HOSTNAME": f"b6-node-{i}"}
+            for i, w in enumerate(weights)
+        ]
+        spec = ("--speculation-min-secs", str(min_secs))
+        makespan, codes = run_workers(job, len(weights), "weighted", envs, extra=spec)
         check_all_done(job)
         ratios.append(makespan / ideal)
         print(
@@ -151,16 +178,54 @@ def bench_b6(tmp: Path, rounds: int, shards: int, unit: float, weights: tuple[fl
     return ratios
 
 
+def b9_ideal(shards: int, u: float, before: tuple[float, ...], after: tuple[float, ...], at: int) -> float:
+    """Fluid makespan: every worker works all the time at its speed, fractions of shards allowed."""
+    return at / sum(1 / (u * w) for w in before) + (shards - at) / sum(1 / (u * w) for w in after)
+
+
+def bench_b9(tmp: Path, rounds: int, rows_per_shard: int, row_cost: float, min_secs: float) -> dict[str, list[float]]:
+    shards, at = 64, 32
+    before, after = (1.0, 1.0, 10.0, 1.0), (1.0, 1.0, 10.0, 20.0)
+    ideal = b9_ideal(shards, row_cost * rows_per_shard, before, after, at)
+    modes = {"on": ("--speculation-min-secs", str(min_secs)), "off": ("--no-speculation",)}
+    ratios: dict[str, list[float]] = {"on": [], "off": []}
+    for r in range(rounds):
+        for mode, extra in modes.items():
+            job = make_job(tmp / f"b9-{r}-{mode}", rows=shards * rows_per_shard, shards=shards, **FAST)
+            envs = [
+                {"DJE_TEST_ROW_COST": str(row_cost), "DJE_TEST_WEIGHT": str(w), "DJ_ELASTIC_HOSTNAME": f"b9-node-{i}"}
+                for i, w in enumerate(before)
+            ]
+            envs[3].update(DJE_TEST_WEIGHT_LATER=str(after[3]), DJE_TEST_SLOW_AT=str(at))
+            makespan, codes = run_workers(job, len(before), "per_row", envs, extra=extra)
+            check_all_done(job)
+            backups = sum(1 for n in os.listdir(job.done_dir) if n.endswith(".json") and _won_by_backup(job, n))
+            ratios[mode].append(makespan / ideal)
+            print(
+                f"B9 round {r + 1} speculation {mode}: makespan {makespan:.2f} s, ideal {ideal:.2f} s, "
+                f"ratio {makespan / ideal:.3f}, shards won by a backup {backups}, exit codes {sorted(set(codes))}",
+                flush=True,
+            )
+    return ratios
+
+
+def _won_by_backup(job, name: str) -> bool:
+    return json.loads((job.done_dir / name).read_bytes()).get("backup") is True
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--only", nargs="+", choices=["B5a", "B5b", "B6"], default=["B5a", "B5b", "B6"])
+    ap.add_argument("--only", nargs="+", choices=["B5a", "B5b", "B6", "B9"], default=["B5a", "B5b", "B6", "B9"])
     ap.add_argument("--b5a-shards", type=int, default=2000)
     ap.add_argument("--b5a-workers", type=int, default=32)
     ap.add_argument("--b5b-shards", type=int, default=10000)
     ap.add_argument("--b5b-run-secs", type=float, default=30.0)
     ap.add_argument("--b6-unit", type=float, default=0.6)
     ap.add_argument("--b6-shards", type=int, default=64)
+    ap.add_argument("--b9-rows-per-shard", type=int, default=20)
+    ap.add_argument("--b9-row-cost", type=float, default=0.1, help="seconds per row at weight 1")
+    ap.add_argument("--speculation-min-secs", type=float, default=1.0, help="B6 and B9 workers (speculation on)")
     a = ap.parse_args()
     weights = (4.0, 4.0, 2.0, 1.0)
     rows = []
@@ -191,22 +256,28 @@ def main() -> int:
                 )
             )
         if "B6" in a.only:
-            ratio = statistics.median(bench_b6(tmp, a.rounds, a.b6_shards, a.b6_unit, weights))
+            ratio = statistics.median(bench_b6(tmp, a.rounds, a.b6_shards, a.b6_unit, weights, a.speculation_min_secs))
             rows.append(
                 (
                     "B6",
-                    f"makespan / ideal, 4 workers at speed 1/4:1/4:1/2:1, {a.b6_shards} shards",
+                    f"makespan / ideal, 4 workers at speed 1/4:1/4:1/2:1, {a.b6_shards} shards, speculation on",
                     f"{ratio:.3f}",
                     "<= 1.15",
                     ratio <= 1.15,
                 )
             )
+        if "B9" in a.only:
+            b9 = bench_b9(tmp, a.rounds, a.b9_rows_per_shard, a.b9_row_cost, a.speculation_min_secs)
+            on, off = statistics.median(b9["on"]), statistics.median(b9["off"])
+            what = "makespan / ideal, 4 workers over 64 shards, one 10x slower, one 20x slower from half way"
+            rows.append(("B9", what + ", speculation on", f"{on:.3f}", "<= 1.10", on <= 1.10))
+            rows.append(("B9", what + ", speculation off", f"{off:.3f}", "reported", True))
     print(f"\ntotal run time {time.perf_counter() - t_start:.0f} s, rounds {a.rounds}\n")
     print("| id | measures | median | target |")
     print("|---|---|---|---|")
     for rid, what, med, target, ok in rows:
         print(f"| {rid} | {what} | {med} | {target} ({'met' if ok else 'MISSED'}) |")
-    return 0
+    return 0 if all(ok for *_, ok in rows) else 1
 
 
 if __name__ == "__main__":
