@@ -82,7 +82,7 @@ def build_spec(a: argparse.Namespace) -> JobSpec:
         max_shards=a.max_shards,
         wait_timeout_secs=a.wait_timeout,
         poll_interval_secs=a.poll,
-        speculation=Speculation(min_secs=a.speculation_min_secs, quantile=0.5)
+        speculation=Speculation(min_secs=a.speculation_min_secs, quantile=0.5, multiplier=3.0)
         if a.speculation_min_secs is not None
         else Speculation(),
     )

@@ -102,6 +102,7 @@ def straggler(shard_path: str, output_path: str, job_dir: str) -> None:
     DJE_TEST_SLOW_BACKUPS=1. Straggling touches ``started`` in the attempt dir, then waits until the
     shard's done record exists (DJE_TEST_UNTIL_DONE=1), the file DJE_TEST_GATE exists, or DJE_TEST_SLEEP
     seconds (default 600) have passed, whichever comes first; then the output is written as by ``copy``.
+    Shards it does not straggle on take DJE_TEST_BASE seconds (default 0.2), so rates are not noise.
     """
     from data_juicer_elastic.job.layout import JobDir
 
@@ -120,6 +121,8 @@ def straggler(shard_path: str, output_path: str, job_dir: str) -> None:
             if (until_done and done.exists()) or (gate and os.path.exists(gate)):
                 break
             time.sleep(0.005)
+    else:
+        time.sleep(float(os.environ.get("DJE_TEST_BASE", "0.2")))
     copy(shard_path, output_path, job_dir)
 
 
@@ -144,9 +147,12 @@ def per_row(shard_path: str, output_path: str, job_dir: str) -> None:
     """A copy that costs DJE_TEST_ROW_COST seconds per row times this node's weight (see ``_row_weight``).
 
     The weight is applied row by row, so a node made slower mid-job slows down inside its current shard.
+    Sleeps run to a deadline, so a busy machine's late wake-ups do not add up over the rows.
     """
     cost = float(os.environ.get("DJE_TEST_ROW_COST", "0.01"))
+    due = time.monotonic()
     with open(shard_path, "rb") as src, open(output_path, "wb") as out:
         for line in src:
-            time.sleep(cost * _row_weight(job_dir))
+            due += cost * _row_weight(job_dir)
+            time.sleep(max(due - time.monotonic(), 0.0))
             out.write(line)

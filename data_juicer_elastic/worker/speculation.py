@@ -15,11 +15,13 @@ it much; a running shard's expected time is its bytes over that rate, and it
 is late once its elapsed time (the shared clock's now minus the lease's
 ``claimed_at``) passes ``multiplier`` times that and ``min_secs``. Nothing is
 backed up before ``quantile`` of the shards are done. A worker backs up only
-shards of other hosts, never a backup, at most one backup per live attempt,
-and only where it expects to finish the whole shard within the time the
-original has run so far (at the rate of the latest shard it finished, since
-speeds change; at the job's rate if it finished none), so a slow worker does
-not take the one backup a fast one would finish sooner.
+shards of other hosts, never a backup, and at most one backup per live
+attempt. It must not be a straggler itself: the latest shard it finished
+(speeds change: that is why we speculate) ran at no less than the job's rate
+over ``multiplier``, and at that rate it expects to finish the whole shard
+within the time the original has run so far; a worker that has finished
+nothing yet may try. So a slow idle worker never takes the one backup a
+fast worker, busy for a moment, would finish sooner.
 """
 
 from __future__ import annotations
@@ -132,9 +134,9 @@ class Speculator:
         if not self.policy.enabled or not held or len(done) < self.policy.quantile * self.total:
             return None
         self.book.update(done)
-        if self.book.job_rate is None:
-            return None
-        mine = self.book.own_rate(self.store.host, self.store.pid)
+        job_rate, mine = self.book.job_rate, self.book.own_rate(self.store.host, self.store.pid)
+        if job_rate is None or (mine is not None and mine * self.policy.multiplier < job_rate):
+            return None  # no estimate yet, or this worker is a straggler itself
         now = self.store.now()
         for late in sorted(self._late(held, now), key=lambda x: -x.lateness):
             if mine is not None and self.book.sizes[late.shard] / mine > late.elapsed:
