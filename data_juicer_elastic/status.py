@@ -83,6 +83,10 @@ def job_status(job: JobDir) -> JobStatus:
             age = store.heartbeat_age(spec.id, s.attempts, now)
             lease = store.read_lease(spec.id, s.attempts) or {}
             s.host = lease.get("host")
+            if lease.get("backup_of") == s.attempts - 1:  # running while either the backup or its original is
+                original = store.heartbeat_age(spec.id, s.attempts - 1, now)
+                if original is not None and (age is None or original < age):
+                    age = original
             if age is None or age == float("inf"):
                 s.state = "pending"  # released: claimable at once
             else:

@@ -14,6 +14,7 @@ import time
 import orjson
 import pytest
 
+from data_juicer_elastic.cli import main as cli_main
 from data_juicer_elastic.job.claims import ClaimStore
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.status import job_status
@@ -26,24 +27,12 @@ from .jobs import (
     make_job,
     merge_and_check,
     spawn_worker,
+    started_shard,
     wait_for,
 )
 from .test_coordination import Cluster, done_hosts, finish
 
 EAGER = ("--speculation-min-secs", "0.5", "--speculation-quantile", "0.5", "--speculation-multiplier", "3")
-
-
-def started_shard(job: JobDir, attempt: str = "0001", timeout: float = 60) -> str:
-    """The shard whose attempt ``attempt`` started straggling."""
-    found: list[str] = []
-
-    def look() -> bool:
-        if job.attempts_dir.exists():
-            found.extend(d.name for d in job.attempts_dir.iterdir() if (d / attempt / "started").exists())
-        return bool(found)
-
-    wait_for(look, timeout=timeout)
-    return found[0]
 
 
 def info(job: JobDir, sid: str, attempt: int) -> dict:
@@ -114,7 +103,7 @@ def test_original_and_backup_killed_in_turn_then_a_third_attempt_finishes(tmp_pa
     merge_and_check(job, tmp_path / "merged.jsonl")
 
 
-def test_a_backup_that_straggles_too_loses_to_the_original_and_is_stopped(tmp_path):
+def test_a_backup_that_straggles_too_loses_to_the_original_and_is_stopped(tmp_path, capsys):
     job = make_job(tmp_path, rows=50, shards=5)
     gate = tmp_path / "gate"
     slow = worker(job, "slow", DJE_TEST_SLOW_HOSTS="slow", DJE_TEST_GATE=str(gate))
@@ -126,6 +115,9 @@ def test_a_backup_that_straggles_too_loses_to_the_original_and_is_stopped(tmp_pa
         idle = worker(job, "idle", DJE_TEST_SLOW_BACKUPS="1")
         time.sleep(1.5)  # both attempts are past the 0.5 s minimum: a second backup could start now
         assert ClaimStore(job, lock_timeout=3.0, host="t").latest_attempts()[sid] == 2, "a second backup"
+        assert cli_main(["status", "--job-dir", str(job.root)]) == 1
+        shown = capsys.readouterr().out
+        assert f"backup: {sid} attempt 2 on host=fast backs up attempt 1 on host=slow (live), original running" in shown
         gate.touch()  # the original finishes first
         assert [p.wait(timeout=60) for p in (slow, fast, idle)] == [0, 0, 0]  # the backup's runner was stopped
     finally:

@@ -674,7 +674,7 @@ def _any_live(store: ClaimStore, done: set[str]) -> bool:
     if not pending:
         return False
     now = store.now()
-    return any(store.is_live(sid, n, now) for sid, n in pending.items())
+    return any(store.live_pair(sid, n, now) for sid, n in pending.items())  # a backup's original counts
 
 
 def _hosts_of(job: JobDir, done: set[str]) -> dict[str, int]:
