@@ -21,11 +21,7 @@ def _job_dir_arg(p: ArgumentParser) -> None:
     p.add_argument("--job-dir", required=True, help="the shared job directory")
 
 
-def _parser() -> ArgumentParser:
-    root = ArgumentParser(prog="dj-elastic", description="Elastic shard jobs for Data-Juicer on a shared directory.")
-    sub = root.add_subcommands(dest="command")
-
-    p = ArgumentParser(description="Validate the input and split it into shards (run once, on one node).")
+def _prepare_args(p: ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="the Data-Juicer recipe (YAML)")
     p.add_argument("--dataset-path", default=None, help="input JSONL file or directory (default: the recipe's)")
     p.add_argument("--job-dir", default=None, help="job directory (default: the recipe's elastic_shard.job_dir)")
@@ -35,9 +31,9 @@ def _parser() -> ArgumentParser:
     p.add_argument("--max-retries", type=int, default=None)
     p.add_argument("--poll-interval-secs", type=float, default=None)
     p.add_argument("--ray-address", default=None, help="node-local Ray runtime for workers (default: local)")
-    sub.add_subcommand("prepare", p, help="split the input into shards")
 
-    p = ArgumentParser(description="Claim and process shards until the job is complete.")
+
+def _worker_args(p: ArgumentParser) -> None:
     _job_dir_arg(p)
     p.add_argument("--max-shards", type=int, default=None, help="stop after completing this many shards")
     p.add_argument("--runner", default=None, help="MODULE:ATTR runner (default: Data-Juicer's RayExecutor)")
@@ -48,34 +44,70 @@ def _parser() -> ArgumentParser:
     p.add_argument("--speculation-quantile", type=float, default=Speculation.quantile)
     p.add_argument("--speculation-multiplier", type=float, default=Speculation.multiplier)
     p.add_argument("--speculation-min-secs", type=float, default=Speculation.min_secs)
-    sub.add_subcommand("worker", p, help="claim and run shards")
 
-    p = ArgumentParser(description="Show shard states, hosts, progress.")
+
+def _status_args(p: ArgumentParser) -> None:
     _job_dir_arg(p)
     p.add_argument("--json", action="store_true", help="print a JSON object")
     p.add_argument("--all", action="store_true", help="list every shard, not only unfinished ones")
-    sub.add_subcommand("status", p, help="job progress (exit 1 while incomplete)")
 
-    p = ArgumentParser(description="Requeue failed (or done) shards; old records go to state/history.")
+
+def _retry_args(p: ArgumentParser) -> None:
     _job_dir_arg(p)
     p.add_argument("--all-failed", action="store_true")
     p.add_argument("--shard-id", nargs="+", default=None)
-    sub.add_subcommand("retry", p, help="requeue shards")
 
-    p = ArgumentParser(description="Verify every shard output and write them, in input order, to one file.")
+
+def _merge_args(p: ArgumentParser) -> None:
     _job_dir_arg(p)
     p.add_argument("--output", required=True)
     p.add_argument("--overwrite", action="store_true")
-    sub.add_subcommand("merge", p, help="verified, ordered, atomic merge")
 
-    p = ArgumentParser(description="Re-check every done record against its output.")
+
+def _verify_args(p: ArgumentParser) -> None:
     _job_dir_arg(p)
     p.add_argument("--expect-nodes", type=int, default=None, help="require this many distinct completion hosts")
-    sub.add_subcommand("verify", p, help="verify outputs (exit 1 while incomplete)")
 
-    p = ArgumentParser(description="The whole job from a recipe, as `dj-process` runs it on every node.")
+
+def _run_args(p: ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="the Data-Juicer recipe (YAML) with an elastic_shard block")
-    sub.add_subcommand("run", p, help="prepare, work and merge, coordinated across nodes")
+
+
+# name -> (description, one-line help, arguments)
+SUBCOMMANDS = {
+    "prepare": (
+        "Validate the input and split it into shards (run once, on one node).",
+        "split the input into shards",
+        _prepare_args,
+    ),
+    "worker": ("Claim and process shards until the job is complete.", "claim and run shards", _worker_args),
+    "status": ("Show shard states, hosts, progress.", "job progress (exit 1 while incomplete)", _status_args),
+    "retry": ("Requeue failed (or done) shards; old records go to state/history.", "requeue shards", _retry_args),
+    "merge": (
+        "Verify every shard output and write them, in input order, to one file.",
+        "verified, ordered, atomic merge",
+        _merge_args,
+    ),
+    "verify": (
+        "Re-check every done record against its output.",
+        "verify outputs (exit 1 while incomplete)",
+        _verify_args,
+    ),
+    "run": (
+        "The whole job from a recipe, as `dj-process` runs it on every node.",
+        "prepare, work and merge, coordinated across nodes",
+        _run_args,
+    ),
+}
+
+
+def _parser() -> ArgumentParser:
+    root = ArgumentParser(prog="dj-elastic", description="Elastic shard jobs for Data-Juicer on a shared directory.")
+    sub = root.add_subcommands(dest="command")
+    for name, (description, help_text, add_args) in SUBCOMMANDS.items():
+        p = ArgumentParser(description=description)
+        add_args(p)
+        sub.add_subcommand(name, p, help=help_text)
     return root
 
 
@@ -88,7 +120,8 @@ def cmd_prepare(a: Namespace) -> int:
 
 def cmd_worker(a: Namespace) -> int:
     from data_juicer_elastic.job.versions import check_versions
-    from data_juicer_elastic.worker.loop import load_runner, run_worker
+    from data_juicer_elastic.worker.loop import run_worker
+    from data_juicer_elastic.worker.runner import load_runner
 
     job = JobDir(a.job_dir)
     check_versions(job.manifest().versions, allow_mismatch=a.allow_version_mismatch)
@@ -138,9 +171,7 @@ def format_status(st, *, show_all: bool) -> str:
             rows = "" if s.rows is None else str(s.rows)
             extra = f"  ({s.error})" if s.error else ""
             lines.append(f"{s.id:<22} {s.state:<8} {s.attempts:>8} {rows:>9}  {s.host or ''}{extra}")
-    backups = [s for s in st.shards if s.backup and "won" not in s.backup]
-    for s in backups:
-        lines.append(f"backup: {s.id} {backup_line(s.backup)}")
+    lines += [f"backup: {s.id} {backup_line(s.backup)}" for s in st.shards if s.backup and "won" not in s.backup]
     won = sum(1 for s in st.shards if s.backup and "won" in s.backup)
     if won:
         lines.append(f"backups that won: {won} shard(s)")
@@ -148,6 +179,7 @@ def format_status(st, *, show_all: bool) -> str:
 
 
 def backup_line(b: dict) -> str:
+    """One running backup: which attempt on which host backs up which, and how late the original is."""
     late = ""
     if b.get("original_elapsed_secs") is not None and b.get("expected_secs"):
         late = (
@@ -162,9 +194,9 @@ def backup_line(b: dict) -> str:
 
 
 def cmd_retry(a: Namespace) -> int:
-    from data_juicer_elastic.status import retry
+    from data_juicer_elastic.job.records.retry import requeue
 
-    requeued = retry(JobDir(a.job_dir), a.shard_id, all_failed=a.all_failed)
+    requeued = requeue(JobDir(a.job_dir), a.shard_id, all_failed=a.all_failed)
     print(f"requeued {len(requeued)} shard(s): {' '.join(requeued)}")
     return 0
 

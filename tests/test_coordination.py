@@ -14,11 +14,13 @@ from pathlib import Path
 import orjson
 import pytest
 
-from data_juicer_elastic.coordination import session as coord
-from data_juicer_elastic.coordination.session import resolve_run_id, run_summaries, safe_key, strict_split_ok
+from data_juicer_elastic.coordination import run_id as coord
+from data_juicer_elastic.coordination.run_id import resolve_run_id, safe_key
+from data_juicer_elastic.coordination.spec import strict_split_ok
 from data_juicer_elastic.errors import UserError
 from data_juicer_elastic.job.layout import JobDir
 
+from .coord_summary import run_summaries
 from .jobs import REPO, attempt_outcomes, concatenated_shards, env_with, wait_for, write_corpus
 
 LAUNCHER_ENVS = (

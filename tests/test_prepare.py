@@ -479,7 +479,7 @@ def test_progress_bar_draws_only_when_enabled() -> None:
     bar = ProgressBar(100 << 20, "prepare", enabled=True, stream=out, delay=0, interval=0)
     bar.update(50 << 20)
     bar.close()
-    assert "prepare [" in out.getvalue() and "50.0%" in out.getvalue() and out.getvalue().endswith("\n")
+    assert "prepare:" in out.getvalue() and " 50%|" in out.getvalue() and out.getvalue().endswith("\n")
     quiet = io.StringIO()
     bar = ProgressBar(10, "prepare", stream=quiet, delay=0, interval=0)  # StringIO is no terminal
     bar.update(5)

@@ -18,7 +18,7 @@ from data_juicer_elastic.cli import main as cli_main
 from data_juicer_elastic.job.claims import ClaimStore
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.status import job_status
-from data_juicer_elastic.worker.loop import failure_count
+from data_juicer_elastic.worker.budget import failure_count
 
 from .jobs import (
     attempt_outcomes,

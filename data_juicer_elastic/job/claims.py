@@ -15,13 +15,13 @@ per shard": a backup of a live, late attempt ``n`` is attempt ``n+1`` whose
 lease body says ``"backup_of": n``. It is published whole (write, then link),
 so a lease whose body does not (yet) say so is an ordinary takeover. Attempt
 ``n`` then stays current beside its backup; only attempt ``n+2`` fences both
-(``is_current``), and that is only claimed once neither of them is live.
+(``is_current``), and that is only claimed once neither of them is live
+(``live_pair``).
 """
 
 from __future__ import annotations
 
 import os
-import threading
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
@@ -32,6 +32,8 @@ import orjson
 
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.storage.files import create_exclusive, dumps_json, publish_once, server_now, touch
+from data_juicer_elastic.storage.host import hostname
+from data_juicer_elastic.storage.refresher import LeaseRefresher
 
 SEP = "@"
 RELEASED_MTIME = 1  # a released lease's mtime; anything at or below it reads as released
@@ -106,6 +108,16 @@ class ClaimStore:
     def read_lease(self, shard: str, attempt: int) -> dict | None:
         return read_lease(self.job, shard, attempt)
 
+    def backup_of(self, shard: str, attempt: int) -> int | None:
+        """The attempt that lease ``attempt`` backs up, or None for an ordinary (or unreadable) lease."""
+        return lease_backup_of(self.job, shard, attempt)
+
+    def live_pair(self, shard: str, latest: int, now: float) -> bool:
+        """Is the shard held live: its latest lease, or, when that is a backup, the attempt it backs up?"""
+        if self.is_live(shard, latest, now):
+            return True
+        return self.backup_of(shard, latest) is not None and self.is_live(shard, latest - 1, now)
+
     # actions ----------------------------------------------------------------
     def try_claim(self, shard: str, current: int) -> Lease | None:
         """Take attempt ``current + 1`` of ``shard``; the caller judged ``current`` free or stale."""
@@ -133,10 +145,6 @@ class ClaimStore:
             return None
         return lease
 
-    def backup_of(self, shard: str, attempt: int) -> int | None:
-        """The attempt that lease ``attempt`` backs up, or None for an ordinary (or unreadable) lease."""
-        return lease_backup_of(self.job, shard, attempt)
-
     def is_current(self, lease: Lease) -> bool:
         """True while no later attempt fences this one; attempt numbers only ever grow by one.
 
@@ -149,12 +157,6 @@ class ClaimStore:
             return False
         return not self.lease_path(lease.shard, nxt + 1).exists()
 
-    def live_pair(self, shard: str, latest: int, now: float) -> bool:
-        """Is the shard held live: its latest lease, or, when that is a backup, the attempt it backs up?"""
-        if self.is_live(shard, latest, now):
-            return True
-        return self.backup_of(shard, latest) is not None and self.is_live(shard, latest - 1, now)
-
     def renew(self, lease: Lease) -> None:
         touch(lease.path)
 
@@ -164,6 +166,11 @@ class ClaimStore:
             os.utime(lease.path, (RELEASED_MTIME, RELEASED_MTIME))
         except FileNotFoundError:
             pass
+
+
+def claim_store(job: JobDir, host: str | None = None) -> ClaimStore:
+    """The claim store of this process for ``job``, with the manifest's lock timeout."""
+    return ClaimStore(job, lock_timeout=job.manifest().policy.lock_timeout_secs, host=host or hostname())
 
 
 def read_lease(job: JobDir, shard: str, attempt: int) -> dict | None:
@@ -190,47 +197,23 @@ def _mtime(path: Path) -> float:
         return 0.0  # unknown: pacing then ignores this attempt
 
 
-class Heartbeat:
-    """Renews a lease from a background thread until stopped, superseded, or beaten to done.
+def heartbeat(
+    store: ClaimStore,
+    lease: Lease,
+    interval: float,
+    log: Callable[[str], None],
+    on_lost: Callable[[], None] | None = None,
+) -> LeaseRefresher:
+    """Renews ``lease`` while its attempt runs.
 
-    ``superseded`` is set when a later attempt fences this one, ``lost`` when
-    another attempt (a backup, or the original a backup ran beside) published
-    the shard's done record first; either way ``on_fenced`` is called once, so
-    the worker can stop its runner instead of finishing work nobody will use.
+    ``.lost`` is set (and ``on_lost`` called) once a later attempt superseded it, or once another
+    attempt of the shard (its backup, or the original it backs up) published the done record.
     """
-
-    def __init__(
-        self, store: ClaimStore, lease: Lease, interval: float, on_fenced: Callable[[], None] | None = None
-    ) -> None:
-        self.store = store
-        self.lease = lease
-        self.interval = interval
-        self.on_fenced = on_fenced
-        self.superseded = threading.Event()
-        self.lost = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{lease.shard}", daemon=True)
-
-    def _run(self) -> None:
-        done = self.store.job.done_path(self.lease.shard)
-        while not self._stop.wait(self.interval):
-            try:
-                fenced = self.superseded if not self.store.is_current(self.lease) else None
-                fenced = fenced or (self.lost if done.exists() else None)
-                if fenced is not None:
-                    fenced.set()
-                    if self.on_fenced is not None:
-                        self.on_fenced()
-                    return
-                self.store.renew(self.lease)
-            except OSError:
-                # A flaky shared mount: keep trying; the lease just ages meanwhile.
-                continue
-
-    def __enter__(self) -> Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+    done = store.job.done_path(lease.shard)
+    return LeaseRefresher(
+        lease.path,
+        interval,
+        still_ours=lambda: store.is_current(lease) and not done.exists(),
+        log=log,
+        on_lost=on_lost,
+    )

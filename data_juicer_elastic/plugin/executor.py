@@ -25,26 +25,26 @@ from data_juicer_elastic.job.versions import current_versions
 from data_juicer_elastic.plugin.recipe import snapshot_of
 from data_juicer_elastic.plugin.runner import RayShardRunner
 from data_juicer_elastic.plugin.schema import NAME, ElasticShardSettings, settings_from_cfg
-from data_juicer_elastic.plugin.validation import INPUT_SUFFIXES, recipe_keys
+from data_juicer_elastic.plugin.validation import recipe_keys
 from data_juicer_elastic.prepare.driver import PrepareRequest
-from data_juicer_elastic.worker.speculation import Speculation
+from data_juicer_elastic.prepare.inputs import discover
 
 AUTO_SHARD_BYTES = 256 << 20  # num_shards "auto": about this much input per shard
 
 
-def input_bytes(dataset_path: str) -> int:
-    """Size of the JSONL input (a file, or every *.jsonl[.gz|.zst] below a directory)."""
-    if os.path.isfile(dataset_path):
-        return os.path.getsize(dataset_path)
-    total = 0
-    for root, _dirs, files in os.walk(dataset_path):
-        total += sum(os.path.getsize(os.path.join(root, f)) for f in files if f.endswith(INPUT_SUFFIXES))
-    return total
+def input_bytes(dataset_path: str, job_dir: str | None = None) -> int:
+    """Size of the input files exactly as prepare will find them (``prepare.inputs.discover``).
+
+    The same discovery, so links, the staging folders and a job dir inside the
+    dataset count here as they do in prepare.
+    """
+    exclude = (job_dir,) if job_dir else ()
+    return sum(spec.seen.size for spec in discover(dataset_path, exclude=exclude).inputs)
 
 
-def auto_num_shards(dataset_path: str, nodes: int | None = None) -> int:
+def auto_num_shards(dataset_path: str, nodes: int | None = None, job_dir: str | None = None) -> int:
     """About one shard per AUTO_SHARD_BYTES, at least one per node, a multiple of ``nodes``."""
-    shards = max(1, math.ceil(input_bytes(dataset_path) / AUTO_SHARD_BYTES))
+    shards = max(1, math.ceil(input_bytes(dataset_path, job_dir) / AUTO_SHARD_BYTES))
     if nodes:
         shards = math.ceil(max(shards, nodes) / nodes) * nodes
     return shards
@@ -52,7 +52,7 @@ def auto_num_shards(dataset_path: str, nodes: int | None = None) -> int:
 
 def policy_from(settings: ElasticShardSettings, dataset_path: str) -> Policy:
     n = settings.num_shards
-    num_shards = auto_num_shards(dataset_path, settings.nodes) if n == "auto" else int(n)
+    num_shards = auto_num_shards(dataset_path, settings.nodes, settings.job_dir) if n == "auto" else int(n)
     return Policy(
         num_shards=num_shards,
         lock_timeout_secs=float(settings.lock_timeout_secs),
@@ -101,12 +101,7 @@ def job_spec(cfg: Any, recipe_text: str) -> JobSpec:
         wait_timeout_secs=settings.wait_timeout_secs,
         poll_interval_secs=settings.poll_interval_secs,
         allow_version_mismatch=settings.allow_version_mismatch,
-        speculation=Speculation(
-            enabled=settings.speculation,
-            quantile=settings.speculation_quantile,
-            multiplier=settings.speculation_multiplier,
-            min_secs=settings.speculation_min_secs,
-        ),
+        speculation=settings.speculation_policy(),
     )
 
 

@@ -156,16 +156,22 @@ class _Handoff(BaseException):
     """
 
     def __init__(self, cfg: Any) -> None:
-        super().__init__("handoff")
+        super().__init__(cfg)  # in args, so a copy (pickle) carries it too
         self.cfg = cfg
+
+    def __str__(self) -> str:
+        return "handoff"
 
 
 class _UserFailure(BaseException):
     """Carries an ElasticError out of the original main without a logged traceback."""
 
     def __init__(self, error: ElasticError) -> None:
-        super().__init__(str(error))
+        super().__init__(error)
         self.error = error
+
+    def __str__(self) -> str:
+        return str(self.error)
 
 
 def report(error: ElasticError) -> int:

@@ -36,6 +36,7 @@ import yaml
 
 from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.storage.blocks import Digester, blocks
 
 RECIPE_NAME = "recipe.yaml"
 LOG_NAME = "process.log"
@@ -243,13 +244,12 @@ def join_parts(export_path: Path, output_path: Path) -> int:
     with open(output_path, "wb") as out:
         if export_path.is_dir():
             for part in part_files(export_path):
-                last = b"\n"
-                with open(part, "rb") as src:
-                    while chunk := src.read(16 << 20):
-                        out.write(chunk)
-                        rows += chunk.count(b"\n")
-                        last = chunk[-1:]
-                if last != b"\n":
+                counted = Digester(sha256=False)
+                for block in blocks(part):
+                    out.write(block)
+                    counted.update(block)
+                rows += counted.rows
+                if not counted.result().ends_with_newline:
                     out.write(b"\n")
                     rows += 1
         elif export_path.exists() and export_path.stat().st_size:  # Data-Juicer's empty-dataset file

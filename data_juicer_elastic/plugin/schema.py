@@ -12,29 +12,41 @@ from typing import Any, Literal, Optional, Union
 
 from jsonargparse.typing import ClosedUnitInterval, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
+from data_juicer_elastic.coordination.spec import JobSpec
+from data_juicer_elastic.job.layout import Policy
+from data_juicer_elastic.worker.speculation import Speculation
+
 NAME = "elastic_shard"
 KEY = NAME  # the recipe key of the block
 
 
 @dataclass(frozen=True)
 class ElasticShardSettings:
+    """The block's values. Defaults come from where each setting is used: the manifest's ``Policy``
+    (fixed at prepare) and the submission's ``JobSpec``, so the three never disagree."""
+
     job_dir: str | None = None
     num_shards: int | str = "auto"
-    lock_timeout_secs: float = 300.0
-    heartbeat_secs: float = 30.0
-    max_retries: int = 2
-    poll_interval_secs: float = 5.0
-    wait_timeout_secs: float | None = 3600.0
-    run_id: str | None = None
-    nodes: int | None = None
-    require_all_nodes: bool = False
-    max_shards: int | None = None
-    ray_address: str = "local"
-    allow_version_mismatch: bool = False
-    speculation: bool = True
-    speculation_quantile: float = 0.75
-    speculation_multiplier: float = 1.5
-    speculation_min_secs: float = 60.0
+    lock_timeout_secs: float = Policy.lock_timeout_secs
+    heartbeat_secs: float = Policy.heartbeat_secs
+    max_retries: int = Policy.max_retries
+    poll_interval_secs: float = Policy.poll_interval_secs
+    wait_timeout_secs: float | None = JobSpec.wait_timeout_secs
+    run_id: str | None = JobSpec.run_id
+    nodes: int | None = JobSpec.nodes
+    require_all_nodes: bool = JobSpec.require_all_nodes
+    max_shards: int | None = JobSpec.max_shards
+    ray_address: str = Policy.ray_address
+    allow_version_mismatch: bool = JobSpec.allow_version_mismatch
+    speculation: bool = Speculation.enabled
+    speculation_quantile: float = Speculation.quantile
+    speculation_multiplier: float = Speculation.multiplier
+    speculation_min_secs: float = Speculation.min_secs
+
+    def speculation_policy(self) -> Speculation:
+        return Speculation(
+            self.speculation, self.speculation_quantile, self.speculation_multiplier, self.speculation_min_secs
+        )
 
 
 # key -> (jsonargparse type, help); defaults come from the dataclass
@@ -82,8 +94,8 @@ _ARGS: dict[str, tuple[Any, str]] = {
     "speculation_quantile": (ClosedUnitInterval, "Fraction of the shards done before any backup starts."),
     "speculation_multiplier": (
         PositiveFloat,
-        "A shard is late once it has run this many times the time its bytes take at the job's median rate "
-        "(at least 1).",
+        "A shard is late once it has run this many times what its bytes take at the job's median rate "
+        "(at least 1); a worker this much slower than the job backs up nothing.",
     ),
     "speculation_min_secs": (NonNegativeFloat, "Never back up a shard that has run less than this many seconds."),
 }

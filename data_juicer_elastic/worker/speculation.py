@@ -31,10 +31,11 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from data_juicer_elastic.errors import UserError
+from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.job.claims import ClaimStore, Lease
 from data_juicer_elastic.job.layout import JobDir
-from data_juicer_elastic.storage.files import read_record
+from data_juicer_elastic.job.records.attempt import load_attempt
+from data_juicer_elastic.job.records.done import load_done
 
 
 @dataclass(frozen=True)
@@ -86,13 +87,18 @@ class RateBook:
     def update(self, done: set[str]) -> None:
         for sid in done - self._seen:
             self._seen.add(sid)
-            rec = read_record(self.job.done_path(sid))
-            start, end = rec.get("started_at"), rec.get("finished_at")
-            if not all(isinstance(x, (int, float)) for x in (start, end)) or end <= start or sid not in self.sizes:
+            try:
+                rec = load_done(self.job, sid)
+            except IntegrityError:  # verify and merge report it; it just gives no rate
+                continue
+            if rec is None or rec.started_at is None or rec.finished_at is None or sid not in self.sizes:
+                continue
+            start, end = rec.started_at, rec.finished_at
+            if end <= start:
                 continue
             rate = self.sizes[sid] / (end - start)
             self._rates.append(rate)
-            key = (str(rec.get("host")), rec.get("pid") if type(rec.get("pid")) is int else -1)
+            key = (rec.host, rec.pid)
             if key not in self._latest or self._latest[key][0] < end:
                 self._latest[key] = (end, rate)
 
@@ -114,11 +120,10 @@ class RateBook:
 def late_attempt(job: JobDir, store: ClaimStore, book: RateBook, sid: str, attempt: int, now: float) -> Late | None:
     """Attempt ``attempt`` of ``sid`` as a ``Late`` if its record says when it was claimed (lateness not judged)."""
     expected = book.expected(sid)
-    info = read_record(job.attempt_dir(sid, attempt) / "attempt.json")
-    claimed_at, host = info.get("claimed_at"), info.get("host")
-    if expected is None or not isinstance(claimed_at, (int, float)) or claimed_at <= 0 or not isinstance(host, str):
+    info = load_attempt(job.attempt_dir(sid, attempt))
+    if expected is None or info is None or info.claimed_at <= 0 or not info.host:
         return None
-    return Late(sid, attempt, host, max(now - claimed_at, 0.0), expected)
+    return Late(sid, attempt, info.host, max(now - info.claimed_at, 0.0), expected)
 
 
 class Speculator:

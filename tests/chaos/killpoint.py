@@ -22,7 +22,9 @@ from pathlib import Path
 
 from data_juicer_elastic import merge as merge_mod
 from data_juicer_elastic.job.layout import JobDir
-from data_juicer_elastic.worker import loop as worker_mod
+from data_juicer_elastic.job.records import done as done_mod
+from data_juicer_elastic.worker import attempt as attempt_mod
+from data_juicer_elastic.worker.loop import run_worker
 
 from ..runners import copy
 
@@ -44,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
 
     if a.point == "verified":
-        inspect = worker_mod.inspect_output
+        inspect = attempt_mod.inspect_output
 
         def inspect_then_die(path):
             digest = inspect(path)
@@ -52,9 +54,9 @@ def main(argv: list[str] | None = None) -> int:
                 _die()
             return digest
 
-        worker_mod.inspect_output = inspect_then_die
+        attempt_mod.inspect_output = inspect_then_die
     elif a.point == "published":
-        publish = worker_mod.publish_once
+        publish = done_mod.publish_once
 
         def publish_then_die(path, data):
             won = publish(path, data)
@@ -62,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
                 _die()
             return won
 
-        worker_mod.publish_once = publish_then_die
+        done_mod.publish_once = publish_then_die
     else:
 
         def die_before_rename(tmp, out, overwrite):
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         merge_mod._put_in_place = die_before_rename
         merge_mod.merge(JobDir(a.job_dir), a.output, overwrite=True, log=lambda *_: None)
         return 0
-    return worker_mod.run_worker(a.job_dir, copy, log=lambda *_: None).exit_code
+    return run_worker(a.job_dir, copy, log=lambda *_: None).exit_code
 
 
 if __name__ == "__main__":

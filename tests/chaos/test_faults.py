@@ -113,7 +113,7 @@ def _racer(job_root: str, start, finish, results, rounds: int) -> None:
     worker = Worker(job_root, copy, host=f"racer-{os.getpid()}", log=lambda *_: None)
     for r in range(rounds):
         start.wait()
-        lease, _, _ = worker._claim_next()  # the real decision: listing, staleness, budget, O_EXCL claim
+        lease, _, _ = worker.claim_next()  # the real decision: listing, staleness, budget, O_EXCL claim
         results.put((r, None if lease is None else lease.attempt))
         finish.wait()
 
