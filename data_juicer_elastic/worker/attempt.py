@@ -114,8 +114,8 @@ class Attempt:
     def _fenced(self) -> str:
         """Record why this attempt does not publish; its lease and folder stay as a superseded attempt's."""
         try:
-            winner = load_done(self.job, self.lease.shard)
-        except ElasticError:
+            winner = None if not self.store.is_current(self.lease) else load_done(self.job, self.lease.shard)
+        except (ElasticError, OSError):
             winner = None
         if winner is not None and winner.attempt != self.lease.attempt:
             self._save("lost-race", f"attempt {winner.attempt} published done first; output not published")
