@@ -85,7 +85,7 @@ class Attempt:
         self._make_folder()
         self._save()
         self.log(f"claimed {self.name}")
-        beat = heartbeat(self.store, self.lease, self.policy.heartbeat_secs, self.log, on_lost=self.stopper.fire)
+        beat = heartbeat(self.store, self.lease, self.policy.heartbeat_secs, self.log, on_lost=self._lost_race)
         try:
             with beat:
                 shard = verified_shard(self.job, self.lease.shard)
@@ -110,6 +110,14 @@ class Attempt:
         if beat.lost.is_set() or not self.store.is_current(self.lease) or self.job.done_path(self.lease.shard).exists():
             return self._fenced()
         return self._publish(digest)
+
+    def _lost_race(self) -> None:
+        """From the heartbeat's thread: stop the runner if another attempt beside this one published done.
+
+        A superseded attempt's runner is left to finish, as before backups existed; it cannot publish.
+        """
+        if self.store.is_current(self.lease) and self.job.done_path(self.lease.shard).exists():
+            self.stopper.fire()
 
     def _fenced(self) -> str:
         """Record why this attempt does not publish; its lease and folder stay as a superseded attempt's."""

@@ -1,13 +1,13 @@
-"""Stop a fenced attempt's runner: the heartbeat thread signals the main thread, which raises ``Fenced``.
+"""Stop a losing attempt's runner: the heartbeat thread signals the main thread, which raises ``Fenced``.
 
-A fenced attempt (superseded by a later one, or beaten to the done record by
-its backup or its original) can never publish, so finishing its runner only
-wastes the node. The heartbeat notices from its own thread; Python runs
-signal handlers in the main thread and a signal wakes a blocking call there
-(a sleep, Ray's wait), so the heartbeat sends ``FENCE_SIGNAL`` to the main
-thread and the handler raises ``Fenced`` there, but only while the runner
-is running (``armed``). Outside the main thread (a worker run from a test
-thread) nothing is installed and the runner simply runs to its end.
+An attempt beaten to the done record by its backup, or by the original it
+backs up, can never publish, so finishing its runner only wastes the node.
+The heartbeat notices from its own thread. Python runs signal handlers in
+the main thread, and a signal wakes a blocking call there (a sleep, Ray's
+wait), so the heartbeat sends ``FENCE_SIGNAL`` to the main thread and the
+handler raises ``Fenced`` there, but only while the runner is running
+(``armed``). Outside the main thread (a worker run from a test thread)
+nothing is installed and the runner simply runs to its end.
 """
 
 from __future__ import annotations
