@@ -46,6 +46,7 @@ class ClaimChooser:
         self.order = [s.id for s in job.manifest().shards]
         self._offset = zlib.crc32(f"{store.host}:{os.getpid()}".encode()) % len(self.order)
         self._waiting = False  # declined to claim at the tail (logged once per stretch)
+        self._declined = False  # this scan declined claimable shards (pacing): no backup either
 
     def candidates(self) -> tuple[Held, Held, set[str], set[str]]:
         """Never-claimed shards, shards with an attempt (live or not), and the done/failed sets."""
@@ -66,12 +67,12 @@ class ClaimChooser:
         if failed or len(done) == len(self.order):
             return None, done, failed
         if len(free) > TAIL_LIMIT:  # far from the tail: liveness is checked lazily below
-            candidates, lazy = free + held, True
+            candidates, lazy, self._declined = free + held, True, False
         else:
             candidates, lazy = self._at_the_tail(free, held), False
         lease, failed_now = self._take_first(candidates, lazy)
-        if lease is None and not failed_now and not free:  # nothing left to claim: back up a late shard?
-            lease = self.speculator.try_backup(held, done, self.log)
+        if lease is None and not failed_now and not free and not self._declined:  # nothing left to claim
+            lease = self.speculator.try_backup(held, done, self.log)  # back up a late shard, if any
         return lease, done, failed_now or failed
 
     def _at_the_tail(self, free: Held, held: Held) -> Held:
@@ -80,9 +81,8 @@ class ClaimChooser:
         busy = [(sid, n) for sid, n in held if self.store.live_pair(sid, n, now)]
         live = {sid for sid, _ in busy}
         candidates = free + [(sid, n) for sid, n in held if sid not in live]
-        if candidates and not self._my_turn(len(candidates), busy, now):
-            return []
-        return candidates
+        self._declined = bool(candidates) and not self._my_turn(len(candidates), busy, now)
+        return [] if self._declined else candidates
 
     def _take_first(self, candidates: Held, lazy: bool) -> tuple[Lease | None, set[str]]:
         """Claim the first shard that is free, stale or released; (None, failed shards) if a budget ran out."""
