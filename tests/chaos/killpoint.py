@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                 if len(copied) == half:
                     writer._wait()  # the buffers already handed off reach the temp file
                     _die()
-                copied.append(record.shard)
+                copied.append(record)
                 return copy_one(record, writer, *args)
 
             merge_mod._copy_one = copy_then_die
