@@ -19,7 +19,7 @@ from pathlib import Path
 from data_juicer_elastic.errors import ElasticError, IntegrityError
 from data_juicer_elastic.job.claims import ClaimStore, Lease, heartbeat
 from data_juicer_elastic.job.layout import JobDir, Policy, attempt_name
-from data_juicer_elastic.job.records.attempt import AttemptRecord, attempt_file, write_attempt
+from data_juicer_elastic.job.records.attempt import AttemptRecord, attempt_file, load_attempt, write_attempt
 from data_juicer_elastic.job.records.done import DoneRecord, publish_done
 from data_juicer_elastic.status import OPS_NAME, first_line
 from data_juicer_elastic.storage.blocks import digest_file
@@ -196,8 +196,8 @@ def claim_note(job: JobDir, sid: str, attempt: int) -> str:
     """Say when a claim takes over a lost attempt or retries a failed one (the console's story)."""
     if attempt < 2:
         return ""
-    prev = read_record(attempt_file(job.attempt_dir(sid, attempt - 1)))
-    if prev.get("outcome") in (None, "running"):
-        who = f"host={prev.get('host', '?')} pid={prev.get('pid', '?')}"
+    prev = load_attempt(job.attempt_dir(sid, attempt - 1))
+    if prev is None or prev.outcome in (None, "running"):
+        who = f"host={prev.host} pid={prev.pid}" if prev else "a worker that left no record"
         return f" (taking over attempt {attempt_name(attempt - 1)} of {who}: its lease went stale)"
-    return " (retry after a failure)" if prev.get("outcome") == "failed" else ""
+    return " (retry after a failure)" if prev.outcome == "failed" else ""
