@@ -1,9 +1,8 @@
 """What the report shows, read from a job dir that may be finished, running, failed or half-written.
 
-Job records are read through their modules (``job.records``: a done record
-that fails its checks, or an attempt record that is missing or corrupt, reads
-as absent), the runner's ``ops.json`` and ``merge.json`` with :func:`read_record`,
-and every value is type-checked here, so rendering never meets a surprise;
+Records are read through their ``job.records`` readers (a missing or
+corrupt one reads as absent) and ``ops.json`` through :func:`read_record`,
+with every value type-checked here, so rendering never meets a surprise;
 whatever was skipped is listed in ``notes``. Nothing is written.
 """
 
@@ -19,7 +18,7 @@ from data_juicer_elastic.errors import ElasticError, IntegrityError
 from data_juicer_elastic.job.claims import RELEASED_MTIME, lease_name
 from data_juicer_elastic.job.layout import JobDir, Manifest, attempt_name
 from data_juicer_elastic.job.records.attempt import load_attempt
-from data_juicer_elastic.job.records.done import DoneRecord, load_done
+from data_juicer_elastic.job.records.done import load_done
 from data_juicer_elastic.status import OPS_NAME, first_line
 from data_juicer_elastic.storage.files import read_record
 
@@ -82,6 +81,10 @@ class JobReport:
         return [a for a in self.attempts if a.outcome == "done"]
 
 
+def _num(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 def _int(value: object) -> int | None:
     return value if type(value) is int else None
 
@@ -131,16 +134,19 @@ def shard_attempts(job: JobDir, sid: str, now: float, notes: list[str]) -> list[
     """The shard's attempts in order, each with its outcome as the report names it."""
     folder = job.attempts_dir / sid
     numbers = sorted(int(n) for n in _listdir(folder) if n.isdigit())
-    done = _done(job, sid)
-    winner = done.attempt if done else None
+    try:
+        done = load_done(job, sid)
+    except IntegrityError as exc:
+        notes.append(first_line(str(exc)))
+        done = None
     found: list[Attempt] = []
     for n in numbers:
         a = read_attempt(job, sid, n, now, notes)
         if a is None:
             continue
-        if a.outcome == "done" and winner is not None and n != winner:
-            a.outcome = "superseded"
-        if a.outcome == "done" and done:
+        if a.outcome == "done" and (done is None or n != done.attempt):
+            a.outcome = "superseded"  # another attempt's output won, or `retry` archived this one
+        if a.outcome == "done" and done is not None:
             a.rows_out = done.rows
         found.append(a)
     for a, later in itertools.pairwise(found):
@@ -153,11 +159,10 @@ def shard_attempts(job: JobDir, sid: str, now: float, notes: list[str]) -> list[
 def read_attempt(job: JobDir, sid: str, n: int, now: float, notes: list[str]) -> Attempt | None:
     adir = job.attempt_dir(sid, n)
     info = load_attempt(adir)
-    start = info.started_at if info and info.started_at > 0 else None
-    if info is None or start is None:
+    if info is None or not info.started_at:
         notes.append(f"attempts/{sid}/{attempt_name(n)}/attempt.json missing or unreadable: attempt not shown")
         return None
-    end = info.finished_at
+    start, end = info.started_at, info.finished_at
     outcome = _OUTCOME_OF.get(info.outcome) if info.outcome else None
     if outcome is None:  # "running" or nothing: alive if its lease is still renewed, else lost
         beat = _lease_mtime(job, sid, n)
@@ -183,14 +188,6 @@ def read_attempt(job: JobDir, sid: str, n: int, now: float, notes: list[str]) ->
     if outcome == "lost" and not a.error:
         a.error = "no outcome recorded and its lease stopped: the worker was killed or stalled"
     return a
-
-
-def _done(job: JobDir, sid: str) -> DoneRecord | None:
-    """The shard's done record; one that fails its checks is left out (verify names the problem)."""
-    try:
-        return load_done(job, sid)
-    except IntegrityError:
-        return None
 
 
 def _lease_mtime(job: JobDir, sid: str, n: int) -> float | None:

@@ -198,6 +198,6 @@ def claim_note(job: JobDir, sid: str, attempt: int) -> str:
         return ""
     prev = load_attempt(job.attempt_dir(sid, attempt - 1))
     if prev is None or prev.outcome in (None, "running"):
-        who = f"host={prev.host or '?'} pid={prev.pid or '?'}" if prev else "host=? pid=?"
+        who = f"host={prev.host} pid={prev.pid}" if prev else "a worker that left no record"
         return f" (taking over attempt {attempt_name(attempt - 1)} of {who}: its lease went stale)"
     return " (retry after a failure)" if prev.outcome == "failed" else ""
