@@ -10,8 +10,8 @@ from pathlib import Path
 import orjson
 
 from data_juicer_elastic.job.layout import JobDir, Policy
+from data_juicer_elastic.job.records.done import DoneRecord, expected_output, publish_done
 from data_juicer_elastic.prepare.driver import PrepareRequest, PrepareResult, prepare
-from data_juicer_elastic.storage.files import dumps_json, publish_once
 
 RECIPE = b"# test recipe\nproject_name: t\nprocess:\n  - text_length_filter: {min_len: 1}\n"
 
@@ -65,27 +65,39 @@ def lines_of(data: bytes) -> list[dict]:
 
 
 def fake_done(job: JobDir, sid: str, *, attempt: int = 1, host: str = "node-a", content: bytes | None = None) -> Path:
-    """Publish a done record for an identity run: the output is the shard itself (or ``content``)."""
+    """Publish a done record for an identity run: the output is the shard itself (or ``content``).
+
+    For outputs no real runner is asked to write (chosen content, a chosen attempt); test_merge.py checks
+    that these records have exactly the fields and values the real worker writes.
+    """
     out = job.attempt_output(sid, attempt)
     out.parent.mkdir(parents=True, exist_ok=True)
     data = job.shard_file(sid).read_bytes() if content is None else content
     out.write_bytes(data)
-    record = {
-        "shard": sid,
-        "attempt": attempt,
-        "host": host,
-        "pid": 1,
-        "rows": data.count(b"\n"),
-        "bytes": len(data),
-        "sha256": hashlib.sha256(data).hexdigest(),
-        "output": f"attempts/{sid}/{attempt:04d}/processed.jsonl",
-        "started_at": time.time(),
-        "finished_at": time.time(),
-    }
-    assert publish_once(job.done_path(sid), dumps_json(record))
+    record = DoneRecord(
+        shard=sid,
+        attempt=attempt,
+        host=host,
+        pid=1,
+        rows=data.count(b"\n"),
+        bytes=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+        output=expected_output(sid, attempt),
+        started_at=time.time(),
+        finished_at=time.time(),
+    )
+    assert publish_done(job, record)
     return out
 
 
 def finish_all(job: JobDir, hosts: tuple[str, ...] = ("node-a",)) -> None:
-    for i, spec in enumerate(job.manifest().shards):
-        fake_done(job, spec.id, host=hosts[i % len(hosts)])
+    """Every shard done by the real worker with the identity runner, the hosts taking one shard in turn."""
+    from data_juicer_elastic.worker.loop import run_worker
+
+    from .runners import copy
+
+    total = len(job.manifest().shards)
+    for i in range(total):
+        result = run_worker(job.root, copy, host=hosts[i % len(hosts)], max_shards=1, log=lambda *_: None)
+        assert result.exit_code == 0 and len(result.completed) == 1, result
+    assert len(job.done_ids()) == total

@@ -48,6 +48,9 @@ class ElasticShardSettings:
             self.speculation, self.speculation_quantile, self.speculation_multiplier, self.speculation_min_secs
         )
 
+    console: str = "story"
+    progress_interval_secs: float | None = 30.0
+
 
 # key -> (jsonargparse type, help); defaults come from the dataclass
 _ARGS: dict[str, tuple[Any, str]] = {
@@ -98,6 +101,18 @@ _ARGS: dict[str, tuple[Any, str]] = {
         "(at least 1); a worker this much slower than the job backs up nothing.",
     ),
     "speculation_min_secs": (NonNegativeFloat, "Never back up a shard that has run less than this many seconds."),
+    "console": (
+        Literal["story", "full"],
+        "'story': the console shows this project's lines (elections, one line per shard, progress) and "
+        "Data-Juicer's and Ray's warnings and errors, each once; everything else goes to each attempt's "
+        "process.log. 'full': Data-Juicer's and Ray's console output as they ship it "
+        "(the environment variable DJ_ELASTIC_CONSOLE=full does the same).",
+    ),
+    "progress_interval_secs": (
+        Optional[PositiveFloat],
+        "How often each process logs one progress line for the whole job (shards done/running/pending, "
+        "hosts, rows/s, ETA) read from the job dir; null turns it off.",
+    ),
 }
 
 
