@@ -14,6 +14,7 @@ from jsonargparse import ArgumentParser, Namespace
 
 from data_juicer_elastic.errors import ElasticError, UserError
 from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.status import describe_error_rows, error_rows_by_shard, first_line
 
 
 def _job_dir_arg(p: ArgumentParser) -> None:
@@ -45,6 +46,8 @@ def _status_args(p: ArgumentParser) -> None:
     _job_dir_arg(p)
     p.add_argument("--json", action="store_true", help="print a JSON object")
     p.add_argument("--all", action="store_true", help="list every shard, not only unfinished ones")
+    p.add_argument("--watch", action="store_true", help="redraw one progress line in place until the job ends")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between redraws with --watch")
 
 
 def _retry_args(p: ArgumentParser) -> None:
@@ -66,6 +69,11 @@ def _verify_args(p: ArgumentParser) -> None:
 
 def _run_args(p: ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="the Data-Juicer recipe (YAML) with an elastic_shard block")
+
+
+def _report_args(p: ArgumentParser) -> None:
+    _job_dir_arg(p)
+    p.add_argument("--output", default=None, help="where to write it (default: <job-dir>/report.html)")
 
 
 # name -> (description, one-line help, arguments)
@@ -92,6 +100,11 @@ SUBCOMMANDS = {
         "The whole job from a recipe, as `dj-process` runs it on every node.",
         "prepare, work and merge, coordinated across nodes",
         _run_args,
+    ),
+    "report": (
+        "One self-contained HTML page: timeline, throughput, hosts, failures, op counts.",
+        "write the job report (HTML)",
+        _report_args,
     ),
 }
 
@@ -123,8 +136,10 @@ def cmd_worker(a: Namespace) -> int:
     if a.runner:
         runner = load_runner(a.runner)
     else:
+        from data_juicer_elastic.plugin.console import install_story_console
         from data_juicer_elastic.plugin.runner import RayShardRunner
 
+        install_story_console()  # DJ_ELASTIC_CONSOLE=full keeps Data-Juicer's and Ray's output
         runner = RayShardRunner(ray_address=a.ray_address or job.manifest().policy.ray_address)
     result = run_worker(job.root, runner, max_shards=a.max_shards, stop_when_idle=a.stop_when_idle)
     print(f"worker exit {result.exit_code}: {result.message}", file=sys.stderr if result.exit_code else sys.stdout)
@@ -134,6 +149,10 @@ def cmd_worker(a: Namespace) -> int:
 def cmd_status(a: Namespace) -> int:
     from data_juicer_elastic.status import job_status
 
+    if a.watch:
+        from data_juicer_elastic.watch import watch
+
+        return watch(a.job_dir, a.interval)
     st = job_status(JobDir(a.job_dir))
     if a.json:
         sys.stdout.buffer.write(orjson.dumps(st.to_dict(), option=orjson.OPT_INDENT_2) + b"\n")
@@ -151,6 +170,11 @@ def format_status(st, *, show_all: bool) -> str:
         f"rows: {st.input_rows_done}/{st.input_rows} input rows done ({st.progress:.1%}), "
         f"{st.output_rows} output rows" + (f", {st.rows_per_sec:.0f} rows/s" if st.rows_per_sec else ""),
     ]
+    if st.error_rows:
+        lines.append(
+            f"op errors: {st.error_rows} row(s) removed by ops that raised (skip_op_error); "
+            "see each shard's ops.json and process.log, or `dj-elastic report`"
+        )
     if st.hosts:
         lines.append("hosts: " + ", ".join(f"{h}={n}" for h, n in sorted(st.hosts.items())))
     shown = [s for s in st.shards if show_all or s.state != "done"]
@@ -158,7 +182,7 @@ def format_status(st, *, show_all: bool) -> str:
         lines.append(f"{'shard':<22} {'state':<8} {'attempts':>8} {'rows':>9}  host")
         for s in shown:
             rows = "" if s.rows is None else str(s.rows)
-            extra = f"  ({s.error})" if s.error else ""
+            extra = f"  ({first_line(s.error)})" if s.error else ""
             lines.append(f"{s.id:<22} {s.state:<8} {s.attempts:>8} {rows:>9}  {s.host or ''}{extra}")
     return "\n".join(lines)
 
@@ -186,6 +210,9 @@ def cmd_verify(a: Namespace) -> int:
         print(problem, file=sys.stderr)
     hosts = ", ".join(f"{h}={n}" for h, n in sorted(report.hosts.items()))
     print(f"verified {sum(c.ok for c in report.shards)}/{len(report.shards)} shards; hosts: {hosts or 'none'}")
+    dropped = describe_error_rows(error_rows_by_shard(JobDir(a.job_dir)))
+    if dropped:
+        print(dropped)
     if not report.ok:
         return 2
     return 0 if report.complete else 1
@@ -197,6 +224,14 @@ def cmd_run(a: Namespace) -> int:
     return run_from_recipe(a.config)
 
 
+def cmd_report(a: Namespace) -> int:
+    from data_juicer_elastic.report import write_report
+
+    path = write_report(a.job_dir, a.output)
+    print(f"report written to {path}")
+    return 0
+
+
 COMMANDS: dict[str, Callable[[Namespace], int]] = {
     "prepare": cmd_prepare,
     "worker": cmd_worker,
@@ -205,6 +240,7 @@ COMMANDS: dict[str, Callable[[Namespace], int]] = {
     "merge": cmd_merge,
     "verify": cmd_verify,
     "run": cmd_run,
+    "report": cmd_report,
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -12,6 +13,8 @@ from data_juicer_elastic.job.records.done import load_done
 from data_juicer_elastic.job.records.failed import load_failed
 
 STATES = ("pending", "running", "stale", "done", "failed")
+OPS_NAME = "ops.json"  # per-op row counts a runner leaves in the attempt dir (see plugin/opcounts)
+ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 @dataclass
@@ -24,6 +27,7 @@ class ShardStatus:
     input_rows: int = 0
     heartbeat_age_secs: float | None = None
     error: str | None = None
+    error_rows: int = 0
 
 
 @dataclass
@@ -40,6 +44,8 @@ class JobStatus:
     complete: bool
     failed: bool = False
     notes: list[str] = field(default_factory=list)
+    hosts_active: list[str] = field(default_factory=list)  # hosts holding a live lease now
+    error_rows: int = 0  # rows removed by op errors (skip_op_error) in done shards
 
     def to_dict(self) -> dict:
         """JSON-ready view for output only: shard entries are the objects' own dicts.
@@ -80,7 +86,7 @@ def _done_state(job: JobDir, s: ShardStatus, span: list[float]) -> None:
     except IntegrityError:  # verify and merge say what is wrong with it
         rec = None
     if rec is not None:
-        s.host, s.rows = rec.host, rec.rows
+        s.host, s.rows, s.error_rows = rec.host, rec.rows, rec.error_rows
         span[0] = min(span[0], span[0] if rec.started_at is None else rec.started_at)
         span[1] = max(span[1], span[1] if rec.finished_at is None else rec.finished_at)
 
@@ -116,4 +122,36 @@ def _summarise(job: JobDir, manifest: Manifest, shards: list[ShardStatus], elaps
         rows_per_sec=round(rows_done / elapsed, 1) if elapsed > 0 else None,
         complete=counts["done"] == len(shards),
         failed=counts["failed"] > 0,
+        hosts_active=sorted({s.host or "?" for s in shards if s.state == "running"}),
+        error_rows=sum(s.error_rows for s in shards),
+    )
+
+
+def first_line(text: str, limit: int = 300) -> str:
+    """One line of an error for the console (tracebacks and ANSI colours stay in process.log)."""
+    line = ANSI_RE.sub("", text).strip().splitlines()[0] if text.strip() else text
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def error_rows_by_shard(job: JobDir) -> dict[str, int]:
+    """Rows that ops removed by raising (Data-Juicer's skip_op_error), per done shard that lost any."""
+    found = {}
+    for sid in sorted(job.done_ids()):
+        try:
+            rec = load_done(job, sid)
+        except IntegrityError:  # verify and merge say what is wrong with it
+            continue
+        if rec is not None and rec.error_rows > 0:
+            found[sid] = rec.error_rows
+    return found
+
+
+def describe_error_rows(found: dict[str, int]) -> str:
+    """``2 row(s) removed by op errors ... in 1 shard(s): part-...=2; ...`` or an empty string."""
+    if not found:
+        return ""
+    listing = ", ".join(f"{sid}={n}" for sid, n in list(found.items())[:5]) + (", ..." if len(found) > 5 else "")
+    return (
+        f"{sum(found.values())} row(s) removed by op errors (skip_op_error) in {len(found)} shard(s): {listing}; "
+        "each shard's process.log has the errors, `dj-elastic report` the ops"
     )

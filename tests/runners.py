@@ -117,3 +117,24 @@ def die_after_output(shard_path: str, output_path: str, job_dir: str) -> None:
         out.flush()
         os.fsync(out.fileno())
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def story(shard_path: str, output_path: str, job_dir: str) -> None:
+    """For the report test: hangs on every shard where DJE_TEST_HANG is set (a node to kill), fails the
+    first attempt of DJE_TEST_FAIL_ONCE shards, otherwise keeps every other row after DJE_TEST_UNIT seconds
+    and leaves an ``ops.json`` (rows in and out of one pretend Filter) as a counting runner does."""
+    import orjson
+
+    adir = Path(output_path).parent
+    if os.environ.get("DJE_TEST_HANG"):
+        adir.joinpath("started").touch()
+        time.sleep(600)
+    time.sleep(float(os.environ.get("DJE_TEST_UNIT", "0.2")))
+    if _shard_name(shard_path) in os.environ.get("DJE_TEST_FAIL_ONCE", "").split(",") and adir.name == "0001":
+        raise RuntimeError(f"injected first-attempt failure for {_shard_name(shard_path)}")
+    lines = Path(shard_path).read_bytes().splitlines(keepends=True)
+    kept = lines[::2]
+    Path(output_path).write_bytes(b"".join(kept))
+    op = {"op": "every_other_row_filter", "kind": "Filter", "rows_in": len(lines), "rows_out": len(kept)}
+    record = {"rows_in": len(lines), "rows_out": len(kept), "error_rows": 0, "ops": [{**op, "error_rows": 0}]}
+    adir.joinpath("ops.json").write_bytes(orjson.dumps(record))

@@ -25,6 +25,8 @@ from data_juicer_elastic.job.records.done import load_done
 from data_juicer_elastic.job.records.failed import failure_message
 from data_juicer_elastic.job.versions import check_versions
 from data_juicer_elastic.merge import merge, verify
+from data_juicer_elastic.report import write_report
+from data_juicer_elastic.status import describe_error_rows, error_rows_by_shard
 from data_juicer_elastic.worker.loop import run_worker
 from data_juicer_elastic.worker.runner import close_runner
 
@@ -141,6 +143,13 @@ class AfterPrepare:
     def finalize_phase(self) -> Outcome:
         return self.run.aborted() or coordinate(self.run, "finalize", self.do_finalize, self.spec, self.log)
 
+    def write_report(self) -> None:
+        """The job report in the job dir; a report that cannot be written never fails the job."""
+        try:
+            self.log(f"job report: {write_report(self.job.root)}")
+        except Exception as exc:  # the merged output is what matters
+            self.log(f"job report not written: {type(exc).__name__}: {exc}")
+
     def do_finalize(self) -> Outcome:
         """Check the records and hosts, then merge (which re-reads and checks every output as it copies)."""
         nodes = self.spec.nodes if self.spec.require_all_nodes else None
@@ -151,11 +160,13 @@ class AfterPrepare:
         if not report.ok or not report.complete:
             raise IntegrityError("verify refused the job: " + "; ".join(report.problems or ["incomplete"]))
         merged = merge(self.job, self.spec.export_path, overwrite=self.spec.overwrite_output, log=self.log)
+        self.write_report()
+        dropped = describe_error_rows(error_rows_by_shard(self.job))
         expected = f" ({len(hosts)} of {self.spec.nodes} expected nodes)" if self.spec.nodes else ""
         return Outcome(
             EXIT_OK,
             f"{merged.shards} shards completed by {len(hosts)} host(s){expected}: {listing}; "
-            f"{merged.rows} rows merged into {merged.output}",
+            f"{merged.rows} rows merged into {merged.output}" + (f"; {dropped}" if dropped else ""),
             self.host,
             self.run.pid,
             hosts,

@@ -28,6 +28,7 @@ from data_juicer_elastic.plugin.schema import NAME, ElasticShardSettings, settin
 from data_juicer_elastic.plugin.validation import recipe_keys
 from data_juicer_elastic.prepare.driver import PrepareRequest
 from data_juicer_elastic.prepare.inputs import discover
+from data_juicer_elastic.watch import ProgressTicker
 
 AUTO_SHARD_BYTES = 256 << 20  # num_shards "auto": about this much input per shard
 
@@ -123,7 +124,9 @@ class ElasticShardExecutor(ExecutorBase):
 
     def run(self, load_data_np: int | None = None, skip_return: bool = False) -> None:
         """This process's part of the job; raises JobFailed (with the shared exit code) unless it passed."""
-        code = run_job(self.spec, log=logger.info)
+        interval = settings_from_cfg(self.cfg).progress_interval_secs
+        with ProgressTicker(self.spec.job_dir, interval, logger.info):
+            code = run_job(self.spec, log=logger.info)
         if code != 0:
             error = JobFailed(
                 f"elastic_shard job {self.spec.job_dir} ended with exit code {code} (see the FAIL line above); "

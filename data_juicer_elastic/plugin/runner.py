@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import logging
 import os
 import re
 import shutil
@@ -26,8 +25,6 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +33,8 @@ import yaml
 
 from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.plugin import opcounts
+from data_juicer_elastic.plugin.console import attempt_log, quiet_ray_console, route_ray_worker_logs
 from data_juicer_elastic.storage.blocks import Digester, blocks
 
 RECIPE_NAME = "recipe.yaml"
@@ -73,6 +72,7 @@ def start_ray(address: str, py_modules: list[str] | None = None) -> bool:
     from data_juicer.utils.mm_utils import SPECIAL_TOKEN_ENV_PREFIX
 
     os.environ[RAY_JOB_ENV_VAR] = "1"
+    quiet_ray_console()
     with _ray_lock:
         if ray.is_initialized():
             return False
@@ -87,6 +87,7 @@ def start_ray(address: str, py_modules: list[str] | None = None) -> bool:
         main = threading.current_thread() is threading.main_thread()
         saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)} if main else {}
         ray.init(address=address, **kwargs)
+        route_ray_worker_logs()
         for sig, handler in saved.items():
             if callable(handler) and signal.getsignal(sig) is not handler:
                 signal.signal(sig, handler)
@@ -207,17 +208,25 @@ class ShardLoader:
 
     executor_type = "ray"  # read by RayExecutor.run
 
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: Any, count_sink: str | None = None) -> None:
         self.cfg = cfg
+        self.count_sink = count_sink  # see opcounts: per-op row counts land there
+        self.dataset: Any = None
+        self.rows_in = 0
 
     def load_dataset(self, **_: Any) -> Any:
         from data_juicer.core.data.ray_dataset import RayDataset
+
+        from data_juicer_elastic.plugin.opcounts import counting_dataset_class
 
         read_kwargs: dict[str, Any] = {"override_num_blocks": getattr(self.cfg, "override_num_blocks", None)}
         if getattr(self.cfg, "read_options", None):
             read_kwargs["read_options"] = self.cfg.read_options
         data = RayDataset.read("json", self.cfg.dataset_path, **read_kwargs).materialize()
-        return RayDataset(data, dataset_path=self.cfg.dataset_path, cfg=self.cfg)
+        self.rows_in = data.count()  # metadata of a materialised dataset: no pass over the rows
+        self.dataset = counting_dataset_class()(data, dataset_path=self.cfg.dataset_path, cfg=self.cfg)
+        self.dataset.count_sink, self.dataset.op_names = self.count_sink, []
+        return self.dataset
 
 
 # --------------------------------------------------------------------------- output
@@ -269,28 +278,6 @@ def remove(path: Path) -> None:
         shutil.rmtree(path)
     else:
         path.unlink(missing_ok=True)
-
-
-# --------------------------------------------------------------------------- logs
-@contextmanager
-def attempt_log(path: Path, level: str = "INFO") -> Iterator[None]:
-    """Data-Juicer's (loguru) and Ray's (logging) messages of this attempt also go to ``path``."""
-    from loguru import logger
-
-    sink = logger.add(str(path), level=level, backtrace=False, diagnose=False, enqueue=False)
-    handler = logging.FileHandler(path, encoding="utf-8")
-    handler.setLevel(level)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    ray_loggers = [logging.getLogger("ray"), logging.getLogger("ray.data")]
-    for lg in ray_loggers:
-        lg.addHandler(handler)
-    try:
-        yield
-    finally:
-        for lg in ray_loggers:
-            lg.removeHandler(handler)
-        handler.close()
-        logger.remove(sink)
 
 
 # --------------------------------------------------------------------------- runner
@@ -379,8 +366,15 @@ class RayShardRunner:
         cfg = attempt_config(base, os.path.abspath(shard_path), str(attempt_dir))
         t1 = time.perf_counter()
         executor = RayExecutor(cfg)
-        executor.datasetbuilder = ShardLoader(executor.cfg)
-        dataset = executor.run()
+        sink = opcounts.new_sink() if opcounts.enabled() else None
+        try:
+            executor.datasetbuilder = loader = ShardLoader(executor.cfg, sink)
+            dataset = executor.run()
+            if sink:
+                opcounts.collect(sink, loader.dataset.op_names, loader.rows_in, attempt_dir)
+        finally:
+            if sink:
+                shutil.rmtree(sink, ignore_errors=True)
         t2 = time.perf_counter()
         expected = dataset.data.count() if dataset is not None else None
         rows = join_parts(export_path, Path(output_path))

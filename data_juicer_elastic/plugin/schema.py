@@ -37,6 +37,8 @@ class ElasticShardSettings:
     max_shards: int | None = JobSpec.max_shards
     ray_address: str = Policy.ray_address
     allow_version_mismatch: bool = JobSpec.allow_version_mismatch
+    console: str = "story"
+    progress_interval_secs: float | None = 30.0
 
 
 # key -> (jsonargparse type, help); defaults come from the dataclass
@@ -75,6 +77,18 @@ _ARGS: dict[str, tuple[Any, str]] = {
     "allow_version_mismatch": (
         bool,
         "Let a node whose Data-Juicer / data-juicer-elastic versions differ from the manifest's work anyway.",
+    ),
+    "console": (
+        Literal["story", "full"],
+        "'story': the console shows this project's lines (elections, one line per shard, progress) and "
+        "Data-Juicer's and Ray's warnings and errors, each once; everything else goes to each attempt's "
+        "process.log. 'full': Data-Juicer's and Ray's console output as they ship it "
+        "(the environment variable DJ_ELASTIC_CONSOLE=full does the same).",
+    ),
+    "progress_interval_secs": (
+        Optional[PositiveFloat],
+        "How often each process logs one progress line for the whole job (shards done/running/pending, "
+        "hosts, rows/s, ETA) read from the job dir; null turns it off.",
     ),
 }
 

@@ -19,10 +19,11 @@ from pathlib import Path
 from data_juicer_elastic.errors import ElasticError, IntegrityError
 from data_juicer_elastic.job.claims import ClaimStore, Lease, heartbeat
 from data_juicer_elastic.job.layout import JobDir, Policy, attempt_name
-from data_juicer_elastic.job.records.attempt import AttemptRecord, attempt_file, write_attempt
+from data_juicer_elastic.job.records.attempt import AttemptRecord, attempt_file, load_attempt, write_attempt
 from data_juicer_elastic.job.records.done import DoneRecord, publish_done
+from data_juicer_elastic.status import OPS_NAME, first_line
 from data_juicer_elastic.storage.blocks import digest_file
-from data_juicer_elastic.storage.files import disk_full_in
+from data_juicer_elastic.storage.files import disk_full_in, read_record
 from data_juicer_elastic.worker.budget import fail_terminally, failure_count
 from data_juicer_elastic.worker.disk_full import NoSpace, give_back, space_for
 from data_juicer_elastic.worker.outputs import OutputDigest, inspect_output
@@ -77,7 +78,7 @@ class Attempt:
     def _run(self) -> str:
         self._make_folder()
         self._save()
-        self.log(f"claimed {self.name}")
+        self.log(f"claimed {self.name}{claim_note(self.job, self.lease.shard, self.lease.attempt)}")
         beat = heartbeat(self.store, self.lease, self.policy.heartbeat_secs, self.log)
         try:
             with beat:
@@ -125,6 +126,7 @@ class Attempt:
             output=str(self.output.relative_to(self.job.root)),
             started_at=self.record.started_at,
             finished_at=time.time(),
+            **op_totals(self.adir),
         )
         with space_for(self.job.done_path(record.shard)):
             published = publish_done(self.job, record)
@@ -132,7 +134,12 @@ class Attempt:
             self._save("duplicate", "another attempt published done first")
             return "duplicate"
         self._save("done")
-        self.log(f"done {record.shard} rows={digest.rows} attempt {attempt_name(record.attempt)}")
+        seconds = (record.finished_at or 0.0) - self.record.started_at
+        dropped = f" ({record.error_rows} row(s) removed by op errors; see {self.adir / 'process.log'})"
+        self.log(
+            f"done {record.shard} rows={digest.rows} in {seconds:.1f}s attempt {attempt_name(record.attempt)}"
+            + (dropped if record.error_rows else "")
+        )
         return "done"
 
     def _failed(self, exc: Exception, terminal: bool = False) -> str:
@@ -141,7 +148,7 @@ class Attempt:
             f.write("\n" + "".join(traceback.format_exception(exc)))
         self._end("failed", error)
         failures = failure_count(self.job, self.lease.shard, self.lease.attempt)
-        self.log(f"{self.name} failed ({failures} failure(s)): {error}")
+        self.log(f"{self.name} failed ({failures} failure(s)): {first_line(error)}; log: {self.adir / 'process.log'}")
         if terminal or failures > self.policy.max_retries:
             fail_terminally(self.job, self.lease.shard, self.lease.attempt, self.store.host, error)
         self.store.release(self.lease)
@@ -177,3 +184,20 @@ def verified_shard(job: JobDir, sid: str) -> Path:
             "restore it, or prepare the job again in a new job dir"
         )
     return path
+
+
+def op_totals(adir: Path) -> dict:
+    """Rows in and rows removed by op errors from the runner's ``ops.json`` (none: a runner that counts nothing)."""
+    ops = read_record(adir / OPS_NAME)
+    return {k: ops[k] for k in ("rows_in", "error_rows") if type(ops.get(k)) is int}
+
+
+def claim_note(job: JobDir, sid: str, attempt: int) -> str:
+    """Say when a claim takes over a lost attempt or retries a failed one (the console's story)."""
+    if attempt < 2:
+        return ""
+    prev = load_attempt(job.attempt_dir(sid, attempt - 1))
+    if prev is None or prev.outcome in (None, "running"):
+        who = f"host={prev.host} pid={prev.pid}" if prev else "a worker that left no record"
+        return f" (taking over attempt {attempt_name(attempt - 1)} of {who}: its lease went stale)"
+    return " (retry after a failure)" if prev.outcome == "failed" else ""

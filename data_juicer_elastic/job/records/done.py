@@ -34,6 +34,8 @@ class DoneRecord:
     pid: int = 0
     started_at: float | None = None
     finished_at: float | None = None
+    rows_in: int | None = None  # from the runner's ops.json, when it left one
+    error_rows: int = 0  # rows the ops removed by raising (skip_op_error), from ops.json
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -116,4 +118,6 @@ def _checked(job: JobDir, shard: str, raw: Any, path: Path) -> DoneRecord:
         int_or(raw.get("pid")),
         number_or_none(raw.get("started_at")),
         number_or_none(raw.get("finished_at")),
+        raw["rows_in"] if type(raw.get("rows_in")) is int else None,
+        int_or(raw.get("error_rows")),
     )
