@@ -80,6 +80,8 @@ def fake_done(job: JobDir, sid: str, *, attempt: int = 1, host: str = "node-a", 
         "host": host,
         "pid": 1,
         "rows": data.count(b"\n"),
+        "rows_in": None,  # the identity runners leave no ops.json
+        "error_rows": 0,
         "bytes": len(data),
         "sha256": hashlib.sha256(data).hexdigest(),
         "output": f"attempts/{sid}/{attempt:04d}/processed.jsonl",
