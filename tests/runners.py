@@ -21,12 +21,25 @@ def copy(shard_path: str, output_path: str, job_dir: str) -> None:
     shutil.copyfile(shard_path, output_path)
 
 
+def _hold() -> None:
+    """Until the file DJE_TEST_HOLD names exists (a test's event), else DJE_TEST_SLEEP seconds."""
+    hold = os.environ.get("DJE_TEST_HOLD")
+    if not hold:
+        time.sleep(float(os.environ.get("DJE_TEST_SLEEP", "30")))
+        return
+    deadline = time.monotonic() + 600
+    while not os.path.exists(hold):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"runner held 600 s: {hold} never appeared")
+        time.sleep(0.02)
+
+
 def slow_copy(shard_path: str, output_path: str, job_dir: str) -> None:
-    """Sleeps DJE_TEST_SLEEP seconds (only for shards listed in DJE_TEST_SLOW_SHARDS, if set)."""
+    """Leaves ``started``, then holds (see ``_hold``), for shards in DJE_TEST_SLOW_SHARDS (all if unset)."""
     slow = os.environ.get("DJE_TEST_SLOW_SHARDS")
     if not slow or _shard_name(shard_path) in slow.split(","):
         Path(output_path).parent.joinpath("started").touch()
-        time.sleep(float(os.environ.get("DJE_TEST_SLEEP", "30")))
+        _hold()
     copy(shard_path, output_path, job_dir)
 
 
@@ -44,6 +57,29 @@ def weighted(shard_path: str, output_path: str, job_dir: str) -> None:
     copy(shard_path, output_path, job_dir)
 
 
+def together(shard_path: str, output_path: str, job_dir: str) -> None:
+    """Holds each shard until DJE_TEST_HOSTS distinct hosts hold leases (up to 300 s), then copies.
+
+    So every started node takes part, whatever the order the machine schedules them in.
+    """
+    import orjson
+
+    want = int(os.environ.get("DJE_TEST_HOSTS", "2"))
+    claims = Path(job_dir) / "state" / "claims"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        hosts = set()
+        for lease in claims.iterdir():
+            try:
+                hosts.add(orjson.loads(lease.read_bytes())["host"])
+            except (OSError, ValueError, KeyError):
+                continue
+        if len(hosts) >= want:
+            break
+        time.sleep(0.05)
+    copy(shard_path, output_path, job_dir)
+
+
 def _attempt_of(output_path: str) -> str:
     return Path(output_path).parent.name
 
@@ -55,7 +91,8 @@ def tag(shard_path: str, output_path: str, job_dir: str) -> None:
     slow = os.environ.get("DJE_TEST_SLOW_SHARDS")
     if not slow or _shard_name(shard_path) in slow.split(","):
         Path(output_path).parent.joinpath("started").touch()
-        time.sleep(float(os.environ.get("DJE_TEST_SLEEP", "0")))
+        if os.environ.get("DJE_TEST_HOLD") or os.environ.get("DJE_TEST_SLEEP"):
+            _hold()
     attempt = _attempt_of(output_path)
     with open(shard_path, "rb") as src, open(output_path, "wb") as out:
         for line in src:

@@ -17,10 +17,10 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import orjson
-import pytest
 
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.report import REPORT_NAME, write_report
+from tests.require import require
 
 from .jobs import REPO, env_with, make_job, spawn_worker, wait_for, write_corpus
 
@@ -41,11 +41,8 @@ CONSOLE_RE = re.compile(r":CONSOLE[:(]\d*\)?\]? (.*)")
 
 def chromium() -> str:
     found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found:
-        return found
-    if os.environ.get("CI"):
-        pytest.fail("chromium is not installed; CI needs it (apt-get install chromium, see .ci/run)")
-    pytest.skip("chromium is not installed (apt-get install chromium); required under CI")
+    require(bool(found), "chromium (apt-get install chromium)")
+    return found
 
 
 def browse(page: Path, tmp: Path, *extra: str) -> tuple[str, list[str]]:

@@ -248,21 +248,25 @@ def part_files(export_dir: Path) -> list[Path]:
 
 
 def join_parts(export_path: Path, output_path: Path) -> int:
-    """Concatenate the part files into ``output_path``; returns the number of rows written."""
+    """Concatenate the part files into ``output_path``; returns the number of rows written.
+
+    Fails closed: an export that is missing, or neither a folder nor Data-Juicer's
+    empty-dataset file, fails the attempt rather than publishing an empty output.
+    """
+    if not export_path.is_dir() and (not export_path.is_file() or export_path.stat().st_size):
+        what = "is missing" if not export_path.exists() else "is neither Ray's export folder nor an empty file"
+        raise IntegrityError(f"{export_path}: the attempt's export {what}; the shard's output cannot be trusted")
     rows = 0
     with open(output_path, "wb") as out:
-        if export_path.is_dir():
-            for part in part_files(export_path):
-                counted = Digester(sha256=False)
-                for block in blocks(part):
-                    out.write(block)
-                    counted.update(block)
-                rows += counted.rows
-                if not counted.result().ends_with_newline:
-                    out.write(b"\n")
-                    rows += 1
-        elif export_path.exists() and export_path.stat().st_size:  # Data-Juicer's empty-dataset file
-            raise IntegrityError(f"{export_path}: expected Ray's export folder or an empty file")
+        for part in part_files(export_path) if export_path.is_dir() else ():
+            counted = Digester(sha256=False)
+            for block in blocks(part):
+                out.write(block)
+                counted.update(block)
+            rows += counted.rows
+            if not counted.result().ends_with_newline:
+                out.write(b"\n")
+                rows += 1
         out.flush()
         os.fsync(out.fileno())
     return rows

@@ -5,6 +5,7 @@
 POINT is one of
   verified   the attempt's output was re-read and checked; the done record is not published yet
   published  the done record is published; attempt.json still says "running"
+  copy       merge has copied half the shards' outputs into its temp file (flushed), not the rest
   merge      the merged temp file is complete and fsynced, not yet renamed into place
 
 Worker points die at the first shard named in DJE_TEST_DIE_SHARDS (any shard when unset) and
@@ -40,7 +41,7 @@ def _targeted(shard: str) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("point", choices=["verified", "published", "merge"])
+    p.add_argument("point", choices=["verified", "published", "copy", "merge"])
     p.add_argument("--job-dir", required=True)
     p.add_argument("--output", default=None)
     a = p.parse_args(argv)
@@ -66,12 +67,25 @@ def main(argv: list[str] | None = None) -> int:
 
         done_mod.publish_once = publish_then_die
     else:
+        job = JobDir(a.job_dir)
+        if a.point == "copy":
+            copy_one, half, copied = merge_mod._copy_one, len(job.manifest().shards) // 2, []
 
-        def die_before_rename(tmp, out, overwrite):
-            _die()
+            def copy_then_die(done, writer, *args):
+                if len(copied) == half:
+                    writer._wait()  # the buffers already handed off reach the temp file
+                    _die()
+                copied.append(done)
+                return copy_one(done, writer, *args)
 
-        merge_mod._put_in_place = die_before_rename
-        merge_mod.merge(JobDir(a.job_dir), a.output, overwrite=True, log=lambda *_: None)
+            merge_mod._copy_one = copy_then_die
+        else:
+
+            def die_before_rename(tmp, out, overwrite):
+                _die()
+
+            merge_mod._put_in_place = die_before_rename
+        merge_mod.merge(job, a.output, overwrite=True, log=lambda *_: None)
         return 0
     return run_worker(a.job_dir, copy, log=lambda *_: None).exit_code
 
