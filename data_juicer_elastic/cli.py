@@ -18,6 +18,13 @@ from data_juicer_elastic.job.layout import JobDir
 
 def _job_dir_arg(p: ArgumentParser) -> None:
     p.add_argument("--job-dir", required=True, help="the shared job directory")
+    p.add_argument(
+        "--generation", default=None, help="the recipe generation to act on (default: the latest submission's)"
+    )
+
+
+def _job(a: Namespace) -> JobDir:
+    return JobDir(a.job_dir, a.generation)
 
 
 def _parser() -> ArgumentParser:
@@ -85,7 +92,7 @@ def cmd_worker(a: Namespace) -> int:
     from data_juicer_elastic.job.versions import check_versions
     from data_juicer_elastic.worker.loop import load_runner, run_worker
 
-    job = JobDir(a.job_dir)
+    job = _job(a)
     check_versions(job.manifest().versions, allow_mismatch=a.allow_version_mismatch)
     if a.runner:
         runner = load_runner(a.runner)
@@ -93,7 +100,7 @@ def cmd_worker(a: Namespace) -> int:
         from data_juicer_elastic.plugin.runner import RayShardRunner
 
         runner = RayShardRunner(ray_address=a.ray_address or job.manifest().policy.ray_address)
-    result = run_worker(job.root, runner, max_shards=a.max_shards, stop_when_idle=a.stop_when_idle)
+    result = run_worker(job.gen_dir, runner, max_shards=a.max_shards, stop_when_idle=a.stop_when_idle)
     print(f"worker exit {result.exit_code}: {result.message}", file=sys.stderr if result.exit_code else sys.stdout)
     return result.exit_code
 
@@ -101,7 +108,7 @@ def cmd_worker(a: Namespace) -> int:
 def cmd_status(a: Namespace) -> int:
     from data_juicer_elastic.status import job_status
 
-    st = job_status(JobDir(a.job_dir))
+    st = job_status(_job(a))
     if a.json:
         sys.stdout.buffer.write(orjson.dumps(st.to_dict(), option=orjson.OPT_INDENT_2) + b"\n")
     else:
@@ -112,7 +119,7 @@ def cmd_status(a: Namespace) -> int:
 def format_status(st, *, show_all: bool) -> str:
     c = st.counts
     lines = [
-        f"job {st.job_dir}",
+        f"job {st.job_dir}" + (f"  generation {st.generation}" if st.generation else ""),
         f"shards: {len(st.shards)}  done {c['done']}  running {c['running']}  stale {c['stale']}  "
         f"pending {c['pending']}  failed {c['failed']}",
         f"rows: {st.input_rows_done}/{st.input_rows} input rows done ({st.progress:.1%}), "
@@ -133,7 +140,7 @@ def format_status(st, *, show_all: bool) -> str:
 def cmd_retry(a: Namespace) -> int:
     from data_juicer_elastic.status import retry
 
-    requeued = retry(JobDir(a.job_dir), a.shard_id, all_failed=a.all_failed)
+    requeued = retry(_job(a), a.shard_id, all_failed=a.all_failed)
     print(f"requeued {len(requeued)} shard(s): {' '.join(requeued)}")
     return 0
 
@@ -141,14 +148,14 @@ def cmd_retry(a: Namespace) -> int:
 def cmd_merge(a: Namespace) -> int:
     from data_juicer_elastic.merge import merge
 
-    merge(JobDir(a.job_dir), a.output, overwrite=a.overwrite)
+    merge(_job(a), a.output, overwrite=a.overwrite)
     return 0
 
 
 def cmd_verify(a: Namespace) -> int:
     from data_juicer_elastic.merge import verify
 
-    report = verify(JobDir(a.job_dir), expect_nodes=a.expect_nodes)
+    report = verify(_job(a), expect_nodes=a.expect_nodes)
     for problem in report.problems:
         print(problem, file=sys.stderr)
     hosts = ", ".join(f"{h}={n}" for h, n in sorted(report.hosts.items()))

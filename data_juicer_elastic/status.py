@@ -42,6 +42,7 @@ class JobStatus:
     complete: bool
     failed: bool = False
     notes: list[str] = field(default_factory=list)
+    generation: str = ""  # the recipe generation shown ("" for a job dir from before generations)
 
     def to_dict(self) -> dict:
         """JSON-ready view for output only: shard entries are the objects' own dicts.
@@ -101,6 +102,7 @@ def job_status(job: JobDir) -> JobStatus:
         rows_per_sec=round(rows_done / elapsed, 1) if elapsed > 0 else None,
         complete=counts["done"] == len(shards),
         failed=counts["failed"] > 0,
+        generation=job.generation,
     )
 
 

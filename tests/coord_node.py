@@ -62,7 +62,7 @@ def build_spec(a: argparse.Namespace) -> JobSpec:
             dataset_path=a.dataset, job_dir=a.job_dir, recipe_text=RECIPE, policy=policy, versions=current_versions()
         )
 
-    def make_runner():
+    def make_runner(job_dir: str):
         if a.mark_dir:
             host = os.environ.get("DJ_ELASTIC_HOSTNAME", "host")
             Path(a.mark_dir).mkdir(parents=True, exist_ok=True)

@@ -78,7 +78,7 @@ def fake_done(job: JobDir, sid: str, *, attempt: int = 1, host: str = "node-a", 
         "rows": data.count(b"\n"),
         "bytes": len(data),
         "sha256": hashlib.sha256(data).hexdigest(),
-        "output": f"attempts/{sid}/{attempt:04d}/processed.jsonl",
+        "output": job.relative(job.attempt_output(sid, attempt)),
         "started_at": time.time(),
         "finished_at": time.time(),
     }

@@ -5,16 +5,20 @@ node). Each process runs ``run_job`` and the processes agree, through the
 shared directory alone, on who does what:
 
 1. the run id names the submission (``resolve_run_id``), so a new submission
-   gets fresh elections and reuses the job directory as it stands;
-2. one process wins the prepare election, validates the recipe and prepares;
-   the others wait for its published outcome. Prepare creates the job dir
-   whole (by one rename), so this election lives beside it, in
-   ``<parent>/.<job-name>.runs/<run-key>/``; a failed prepare leaves only that;
-3. everything after prepare lives in ``<job_dir>/runs/<run-key>/``: one
-   process per host wins that host's election and runs the claim loop with
-   the host's runner (Ray); the others on the host only wait;
-4. once every shard is done, one process wins the finalize election, verifies
-   and merges; everyone exits with the code it published;
+   gets fresh elections and reuses the job directory as it stands; its
+   coordination state lives in ``<job_dir>/runs/<run-key>/``;
+2. one process wins the prepare election, validates the recipe and prepares
+   (the shards once, then the recipe's generation); the others wait for its
+   published outcome, then refuse to work (exit 2, naming what differs) if
+   their own recipe or shard settings differ from what it prepared;
+3. one process per host wins that host's election and runs the claim loop
+   on the generation with the host's runner (Ray); the others only wait;
+4. once every shard of the generation is done, finalize: a generation whose
+   ``merge.json`` records exactly these done records and whose output is
+   still the file it wrote is not merged again; otherwise one process wins
+   the generation's finalize election, keyed by the done records and the
+   merge record rather than the run id (so processes of different runs, or
+   hand-started ones with none, merge once), verifies and merges;
 5. a terminal shard failure or a stalled job publishes one abort record, and
    every process exits 2 with its message.
 
@@ -44,13 +48,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from data_juicer_elastic.coordination.finalize import finalize_round
 from data_juicer_elastic.errors import ElasticError, IntegrityError, UserError
 from data_juicer_elastic.job.claims import ClaimStore
 from data_juicer_elastic.job.identity import hostname
-from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.job.layout import JobDir, generation_id
 from data_juicer_elastic.job.versions import check_versions
-from data_juicer_elastic.merge import merge, verify
-from data_juicer_elastic.prepare.driver import prepare
+from data_juicer_elastic.merge import merge, merged_already, verify
+from data_juicer_elastic.prepare.driver import differences, prepare
+from data_juicer_elastic.prepare.generation import recipe_differences
 from data_juicer_elastic.status import failure_message
 from data_juicer_elastic.storage.files import (
     atomic_write,
@@ -92,15 +98,18 @@ class JobSpec:
     so the job can only finish when all ``nodes`` hosts took part; a missing
     node fails the job once nothing has progressed for ``wait_timeout_secs``.
 
+    ``make_runner`` is given the generation's folder (``JobDir(that)`` names it).
+
     ``overwrite_output`` defaults to True because ``export_path`` is the
     recipe's own output, which ``dj-process`` overwrites too; rerunning a
-    finished job then merges the same verified outputs again.
+    finished job does not rewrite it while it is still the file the last merge
+    of the same done records wrote (see ``merge.merged_already``).
     """
 
     job_dir: str
     export_path: str
     make_prepare_request: Callable[[], PrepareRequest]
-    make_runner: Callable[[], Runner]
+    make_runner: Callable[[str], Runner]
     run_id: str | None = None
     nodes: int | None = None
     require_all_nodes: bool = False
@@ -135,6 +144,7 @@ class Outcome:
     host: str = ""
     pid: int = 0
     hosts: dict[str, int] = field(default_factory=dict)
+    generation: str = ""  # a prepare outcome: the generation it prepared
 
     @classmethod
     def from_dict(cls, d: Mapping) -> Outcome:
@@ -144,6 +154,7 @@ class Outcome:
             str(d.get("host", "")),
             int(d.get("pid", 0)),
             dict(d.get("hosts") or {}),
+            str(d.get("generation", "")),
         )
 
 
@@ -201,19 +212,8 @@ def safe_key(text: str, limit: int = 48) -> str:
 # the run directories -----------------------------------------------------------------------------
 
 
-def lobbies_dir(job_dir: str | os.PathLike) -> Path:
-    """Prepare elections live beside the job dir: prepare creates the job dir whole, by one rename."""
-    job = Path(os.path.abspath(job_dir))
-    return job.parent / f".{job.name}.runs"
-
-
-def lobby_root(job_dir: str | os.PathLike, run_id: str) -> Path:
-    """Where the prepare election of one run lives."""
-    return lobbies_dir(job_dir) / safe_key(run_id)
-
-
 def run_root(job_dir: str | os.PathLike, run_id: str) -> Path:
-    """Where everything after prepare lives: ``<job_dir>/runs/<run-key>/``."""
+    """Where one run's coordination state lives: ``<job_dir>/runs/<run-key>/`` (prepare publishes around it)."""
     return Path(os.path.abspath(job_dir)) / "runs" / safe_key(run_id)
 
 
@@ -356,24 +356,46 @@ class _Session:
             + (f" local_rank={rank}" if rank is not None else "")
             + f" job_dir={self.spec.job_dir}"
         )
-        lobby = RunDir.open(lobby_root(self.spec.job_dir, self.run_id), self.run_id, self.host, subdirs=())
-        self.note_replay(lobby)
-        outcome = self.coordinate(lobby, "prepare", self.do_prepare)
+        run = RunDir.open(run_root(self.spec.job_dir, self.run_id), self.run_id, self.host)
+        self.note_replay(run)
+        outcome = self.coordinate(run, "prepare", self.do_prepare)
         if outcome.exit_code == EXIT_OK:
-            job = JobDir(self.spec.job_dir)
-            run = RunDir.open(run_root(job.root, self.run_id), self.run_id, self.host)
+            outcome = self.check_same_request(outcome)
+        if outcome.exit_code == EXIT_OK:
+            job = JobDir(self.spec.job_dir, outcome.generation)
             run.register(rank)
             outcome = _AfterPrepare(self.spec, self.run_id, self.host, self.log, job, run).work_and_finalize()
         return self.report(outcome)
 
-    def note_replay(self, lobby: RunDir) -> None:
+    def check_same_request(self, prepared: Outcome) -> Outcome:
+        """Refuse to work on what the prepare coordinator prepared when this process was asked for something else."""
+        if prepared.host == self.host and prepared.pid == self.pid:
+            return prepared
+        request = self.spec.make_prepare_request()
+        job = JobDir(self.spec.job_dir, prepared.generation)
+        diffs = differences(job._raw_manifest(), request, None)
+        mine = generation_id(hashlib.sha256(request.recipe_text).hexdigest())
+        if prepared.generation and mine != prepared.generation:
+            theirs = job.recipe_path.read_text(encoding="utf-8", errors="replace")
+            diffs += recipe_differences(theirs, request.recipe_text.decode("utf-8", "replace"))
+        if not diffs:
+            return prepared
+        return Outcome(
+            EXIT_FAILED,
+            f"this process's recipe differs from the one this run prepared (run {self.run_id}, prepared by "
+            f"host={prepared.host} pid={prepared.pid}, generation {prepared.generation or '-'}): "
+            + "; ".join(diffs)
+            + ". It does not work on a recipe it was not given: start every process of a run with the same "
+            "recipe; to change the recipe, submit it again as a new run (a new generation reuses the shards)",
+            self.host,
+            self.pid,
+        )
+
+    def note_replay(self, run: RunDir) -> None:
         """Say so when this run id already ended: its recorded outcome is all a process will get."""
-        prepared = lobby.read("prepare.result.json")
-        run = run_root(self.spec.job_dir, self.run_id)
+        prepared = run.read("prepare.result.json")
         ended = (
-            (prepared if prepared and prepared.exit_code else None)
-            or _outcome(run / "finalize.result.json")
-            or _outcome(run / "abort.json")
+            (prepared if prepared and prepared.exit_code else None) or run.read("finalize.result.json") or run.aborted()
         )
         if ended:
             self.log(
@@ -447,7 +469,15 @@ class _Session:
         self.check_strict_split(request.policy.num_shards)
         result = prepare(request, log=self.log)
         m = result.manifest
-        return Outcome(EXIT_OK, f"prepared {len(m.shards)} shards ({m.total_rows} rows)", self.host, self.pid)
+        job = JobDir(request.job_dir)
+        gen = "" if job.legacy() else generation_id(hashlib.sha256(request.recipe_text).hexdigest())
+        return Outcome(
+            EXIT_OK,
+            f"prepared {len(m.shards)} shards ({m.total_rows} rows), generation {gen or '-'}",
+            self.host,
+            self.pid,
+            generation=gen,
+        )
 
     def check_strict_split(self, shards: int) -> None:
         """Strict participation only works when no ``nodes - 1`` hosts can do every shard alone."""
@@ -492,12 +522,12 @@ class _AfterPrepare(_Session):
         """Work shards with this host's runner; an outcome only when this process must stop now."""
         try:
             check_versions(self.job.manifest().versions, allow_mismatch=self.spec.allow_version_mismatch)
-            runner = self.spec.make_runner()
+            runner = self.spec.make_runner(str(self.job.gen_dir))
         except Exception as exc:
             return self.run.abort(f"host={self.host} cannot run shards: {type(exc).__name__}: {exc}")
         try:
             result = run_worker(
-                self.job.root,
+                self.job.gen_dir,
                 runner,
                 host=self.host,
                 max_shards=self.shard_quota(),
@@ -568,10 +598,38 @@ class _AfterPrepare(_Session):
 
     # finalize -----------------------------------------------------------------------------------
     def finalize_phase(self) -> Outcome:
-        return self.run.aborted() or self.coordinate(self.run, "finalize", self.do_finalize)
+        """Merge the generation once: skip it when already merged, else stand in its finalize election."""
+        aborted = self.run.aborted()
+        if aborted:
+            return aborted
+        outcome = self.already_merged() or self.coordinate(
+            finalize_round(self.job, self.spec.export_path, self.run_id, self.host), "finalize", self.do_finalize
+        )
+        return self.run.publish("finalize.result.json", outcome)  # what this run reports (status's summary)
+
+    def already_merged(self) -> Outcome | None:
+        record = merged_already(self.job, self.spec.export_path)
+        if record is None:
+            return None
+        hosts: dict[str, int] = {}
+        for shard in record["shards"]:
+            hosts[shard["host"]] = hosts.get(shard["host"], 0) + 1
+        listing = ", ".join(f"{h}={n}" for h, n in sorted(hosts.items()))
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.get("finished_at", 0)))
+        return Outcome(
+            EXIT_OK,
+            f"{len(record['shards'])} shards completed by {len(hosts)} host(s): {listing}; {record['rows']} rows "
+            f"merged into {record['output']} (already merged from these done records at {when}; nothing rewritten)",
+            self.host,
+            self.pid,
+            hosts,
+        )
 
     def do_finalize(self) -> Outcome:
         """Check the records and hosts, then merge (which re-reads and checks every output as it copies)."""
+        done = self.already_merged()  # a round that finished while this one was elected
+        if done:
+            return done
         nodes = self.spec.nodes if self.spec.require_all_nodes else None
         report = verify(self.job, expect_nodes=nodes, check_content=False)
         hosts = dict(report.hosts)
@@ -619,16 +677,14 @@ class RunSummary:
 
 def run_summaries(job_dir: str | os.PathLike) -> list[RunSummary]:
     """Every run that touched ``job_dir``, oldest first (reads only)."""
-    job = Path(os.path.abspath(job_dir))
-    lobbies = lobbies_dir(job)
-    keys = {e.name for base in (lobbies, job / "runs") if base.is_dir() for e in os.scandir(base) if e.is_dir()}
-    summaries = [_summary(lobbies / key, job / "runs" / key) for key in keys]
-    return sorted(summaries, key=lambda r: r.created_at)
+    runs = Path(os.path.abspath(job_dir)) / "runs"
+    keys = [e.name for e in os.scandir(runs) if e.is_dir()] if runs.is_dir() else []
+    return sorted((_summary(runs / key) for key in keys), key=lambda r: r.created_at)
 
 
-def _summary(lobby: Path, run: Path) -> RunSummary:
-    info = read_record(lobby / "run.json") or read_record(run / "run.json")
-    prepare_result, finalize = _outcome(lobby / "prepare.result.json"), _outcome(run / "finalize.result.json")
+def _summary(run: Path) -> RunSummary:
+    info = read_record(run / "run.json")
+    prepare_result, finalize = _outcome(run / "prepare.result.json"), _outcome(run / "finalize.result.json")
     failed_prepare = prepare_result if prepare_result and prepare_result.exit_code else None
     hosts_dir, members_dir = run / "hosts", run / "members"
     loops = [read_record(hosts_dir / n) for n in (os.listdir(hosts_dir) if hosts_dir.is_dir() else ())]
@@ -636,10 +692,10 @@ def _summary(lobby: Path, run: Path) -> RunSummary:
     return RunSummary(
         run_id=str(info.get("run_id", run.name)),
         created_at=float(info.get("created_at", 0.0)),
-        prepared_by=_who(lobby / "prepare.coordinator.json"),
+        prepared_by=_who(run / "prepare.coordinator.json"),
         claim_loops={b["host"]: b.get("pid", 0) for b in loops if "host" in b},
         members=sorted({m["host"] for m in members if "host" in m}),
-        finalized_by=_who(run / "finalize.coordinator.json"),
+        finalized_by=f"{finalize.host} pid {finalize.pid}" if finalize and finalize.host else "",
         outcome=finalize or _outcome(run / "abort.json") or failed_prepare,
     )
 

@@ -6,8 +6,16 @@ shard boundaries come from file sizes plus a few small seeks (prep_split),
 then each shard's byte ranges are validated, normalised, written and hashed
 in one pass, one shard per worker (prep_shards); the same pass gives each
 input range's sha256, and a stat of every input before and after tells a
-changed input. Repeating an identical request is a cheap no-op
-(stat only); a different one is refused with what differs.
+changed input.
+
+The staging folder lives inside the job dir (beside the coordination's
+``runs/``): its ``shards/`` is renamed into place, then its manifest is
+linked; ``manifest.json`` marks a prepared job, and a prepare killed between
+the two steps is completed by the next one. The recipe is not part of the
+shards: every request then gets its recipe's generation (prep_generation).
+Repeating a request with the same input, shard count and row rules is a
+cheap no-op (stat only; an input whose mtime moved is re-hashed against its
+range digests); a different one is refused with the keys that differ.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import yaml
 from data_juicer_elastic.errors import UserError
 from data_juicer_elastic.job.layout import InputFile, JobDir, Manifest, Policy, ShardSource, ShardSpec, shard_id
 from data_juicer_elastic.jsonl import RowRules
+from data_juicer_elastic.prepare.generation import ensure_generation, same_content
 from data_juicer_elastic.prepare.inputs import (
     STAGING_MARK,
     Dataset,
@@ -51,7 +60,14 @@ from data_juicer_elastic.prepare.shards import (
 )
 from data_juicer_elastic.prepare.split import Piece, Stream, TooFewRows, plan
 from data_juicer_elastic.progress import ProgressBar
-from data_juicer_elastic.storage.files import atomic_write, disk_full_in, dumps_json, fsync_dir, no_space_error
+from data_juicer_elastic.storage.files import (
+    atomic_write,
+    disk_full_in,
+    dumps_json,
+    fsync_dir,
+    no_space_error,
+    publish_once,
+)
 
 INLINE_BELOW = 32 << 20  # smaller inputs are not worth starting worker processes for
 MAX_JOBS = 8
@@ -88,20 +104,23 @@ def prepare(
     started = time.monotonic()
     recipe_sha = _check_request(req)
     job = JobDir(req.job_dir)
+    if not job.exists():
+        _refuse_occupied(job.root)
     if job.exists():
         return _confirm_existing(job, req, recipe_sha, started, log)
-    _refuse_occupied(job.root)
     dataset = discover(req.dataset_path, exclude=(str(job.root),))
     try:
         with _Staging(job.root) as staging:
             built = _Build(req, dataset, staging.path, recipe_sha, progress, jobs).run()
             if not staging.publish():
                 staging.discard()
+                _complete_publication(job.root)
                 return _confirm_existing(JobDir(req.job_dir), req, recipe_sha, started, log)
     except Exception as exc:
         if full := disk_full_in(exc):  # the staging folder is gone: nothing was published
             raise no_space_error(job.root, full, "preparing the job dir (nothing was published)") from exc
         raise
+    ensure_generation(job, req.recipe_text, recipe_sha, req.policy, log=lambda *_: None)
     seconds = time.monotonic() - started
     mb = built.data_bytes / 1e6
     log(
@@ -133,11 +152,14 @@ def _check_request(req: PrepareRequest) -> str:
 
 
 def _refuse_occupied(root: Path) -> None:
+    """A job dir without a manifest may hold only coordination state and staging folders."""
     if not os.path.lexists(root):
         return
     if not root.is_dir():
         raise UserError(f"{root}: exists and is not a directory; choose another job dir")
-    entries = sorted(os.listdir(root))
+    if _complete_publication(root):
+        return
+    entries = sorted(e for e in os.listdir(root) if e != "runs" and not e.startswith(STAGING_MARK))
     if entries:
         shown = ", ".join(entries[:5]) + (" ..." if len(entries) > 5 else "")
         raise UserError(
@@ -145,68 +167,115 @@ def _refuse_occupied(root: Path) -> None:
         )
 
 
+def _complete_publication(root: Path) -> bool:
+    """Link the manifest of a prepare that published its shards but not yet its manifest; True if one is there."""
+    if (root / "manifest.json").exists():
+        return True
+    if not (root / "shards").exists():
+        return False
+    for name in sorted(os.listdir(root)):
+        staged = root / name
+        if name.startswith(STAGING_MARK) and (staged / "manifest.json").exists() and not (staged / "shards").exists():
+            publish_once(root / "manifest.json", (staged / "manifest.json").read_bytes())
+            shutil.rmtree(staged, ignore_errors=True)
+            return True
+    return False
+
+
 # the no-op / refusal path ---------------------------------------------------
 def _confirm_existing(
     job: JobDir, req: PrepareRequest, recipe_sha: str, started: float, log: Callable[[str], Any]
 ) -> PrepareResult:
-    m = job.manifest()
+    m = job.manifest() if job.legacy() else job._raw_manifest()
     dataset = discover(req.dataset_path, exclude=(str(job.root),))
-    diffs = differences(m, req, dataset, recipe_sha)
+    diffs = differences(m, req, dataset)
+    if job.legacy():
+        diffs += _legacy_differences(m, req, recipe_sha)
     if diffs:
         listing = "\n  - ".join(diffs)
         raise UserError(
-            f"{job.root} was prepared from a different request:\n  - {listing}\n"
-            "use a new job dir for the new request (or remove this one to start over)"
+            f"{job.root}: its shards were prepared from a different input, shard count or row rules:\n  - {listing}\n"
+            "the shards depend on these (a recipe or policy change alone reuses them); use a new job dir "
+            "for this request, or restore what changed"
         )
+    new = False
+    if not job.legacy():
+        generation, new = ensure_generation(job, req.recipe_text, recipe_sha, req.policy, log)
+        m = generation.manifest()
     log(
-        f"{job.root}: already prepared from this request ({m.total_rows:,} rows, {len(m.shards)} shards); nothing to do"
+        f"{job.root}: already prepared from this input ({m.total_rows:,} rows, {len(m.shards)} shards); "
+        + ("the shards are reused" if new else "nothing to do")
     )
     return PrepareResult(m, False, m.total_rows, m.total_bytes, time.monotonic() - started)
 
 
-def differences(m: Manifest, req: PrepareRequest, dataset: Dataset, recipe_sha: str) -> list[str]:
-    """What differs between a manifest and a request, cheaply (stat only, no hashing)."""
+def _legacy_differences(m: Manifest, req: PrepareRequest, recipe_sha: str) -> list[str]:
+    """A schema-3 job dir has no generations: its recipe and policy cannot change."""
+    why = "(this job dir was prepared by an older data-juicer-elastic, schema 3, which keeps one recipe per job dir)"
     diffs = []
-    if m.dataset_path != dataset.root:
-        diffs.append(f"dataset_path: {m.dataset_path} in job dir, {dataset.root} requested")
     if m.recipe_sha256 != recipe_sha:
-        diffs.append(f"recipe: sha256 {m.recipe_sha256[:12]}… in job dir, {recipe_sha[:12]}… requested")
+        diffs.append(f"recipe: sha256 {m.recipe_sha256[:12]}… in job dir, {recipe_sha[:12]}… requested {why}")
     old_policy, new_policy = dataclasses.asdict(m.policy), dataclasses.asdict(req.policy)
-    for key in old_policy:
-        if old_policy[key] != new_policy[key]:
-            diffs.append(f"{key}: {old_policy[key]!r} in job dir, {new_policy[key]!r} requested")
-    for key in ("media_keys", "index_keys"):
-        if tuple(getattr(m, key)) != tuple(getattr(req, key)):
-            diffs.append(f"{key}: {list(getattr(m, key))} in job dir, {list(getattr(req, key))} requested")
-    diffs.extend(_file_differences(m.files, dataset.inputs))
+    diffs += [
+        f"{k}: {old_policy[k]!r} in job dir, {new_policy[k]!r} requested {why}"
+        for k in old_policy
+        if k != "num_shards" and old_policy[k] != new_policy[k]
+    ]
     return diffs
 
 
-def _file_differences(old: Iterable[InputFile], new: Iterable[InputSpec]) -> list[str]:
-    before = {f.path: (f.size, f.mtime_ns) for f in old}
-    now = {s.rel: (s.seen.size, s.seen.mtime_ns) for s in new}
+def differences(m: Manifest, req: PrepareRequest, dataset: Dataset | None) -> list[str]:
+    """What the shards depend on that differs between a manifest and a request.
+
+    Inputs are compared by stat; one whose size is the same but whose mtime
+    or inode moved is re-hashed against its range digests. ``dataset`` None
+    skips the inputs (a process that follows a prepare coordinator).
+    """
+    diffs = []
+    if m.dataset_path != os.path.abspath(req.dataset_path):
+        diffs.append(f"dataset_path: {m.dataset_path} in job dir, {os.path.abspath(req.dataset_path)} requested")
+    if m.policy.num_shards != req.policy.num_shards:
+        diffs.append(f"num_shards: {m.policy.num_shards} in job dir, {req.policy.num_shards} requested")
+    for key in ("media_keys", "index_keys"):
+        if tuple(getattr(m, key)) != tuple(getattr(req, key)):
+            diffs.append(f"{key}: {list(getattr(m, key))} in job dir, {list(getattr(req, key))} requested")
+    if dataset is not None:
+        diffs.extend(_file_differences(m, dataset.inputs))
+    return diffs
+
+
+def _file_differences(m: Manifest, new: Iterable[InputSpec]) -> list[str]:
+    before = {f.path: (f.size, f.mtime_ns) for f in m.files}
+    now = {s.rel: s for s in new}
     out = [f"input {p}: gone since prepare" for p in before if p not in now]
     out += [f"input {p}: new since prepare" for p in now if p not in before]
-    for p in before.keys() & now.keys():
-        (s0, t0), (s1, t1) = before[p], now[p]
-        if (s0, t0) != (s1, t1):
-            out.append(f"input {p}: changed since prepare (size {s0} -> {s1}, mtime_ns {t0} -> {t1})")
+    for p in sorted(before.keys() & now.keys()):
+        (s0, t0), spec = before[p], now[p]
+        if s0 != spec.seen.size:
+            out.append(f"input {p}: changed since prepare (size {s0} -> {spec.seen.size})")
+        elif t0 != spec.seen.mtime_ns and not same_content(
+            spec, [src for s in m.shards for src in s.sources if src.file == p]
+        ):
+            out.append(
+                f"input {p}: changed since prepare (same size, but its content no longer hashes to "
+                "the digests recorded at prepare)"
+            )
     return sorted(out)[:10] + ([f"... and {len(out) - 10} more input changes"] if len(out) > 10 else [])
 
 
 # staging --------------------------------------------------------------------
 class _Staging:
-    """A folder beside the job dir that becomes it by one rename, or disappears."""
+    """A folder inside the job dir whose shards and manifest are published into it, or that disappears."""
 
     def __init__(self, target: Path) -> None:
         self.target = target
         token = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.path = target.parent / f".{target.name}{STAGING_MARK}{token}"
+        self.path = target / f"{STAGING_MARK}{token}"
         self._published = False
         self._made_parents: list[Path] = []
 
     def __enter__(self) -> _Staging:
-        self._made_parents = _make_parents(self.target.parent)
+        self._made_parents = _make_parents(self.target)
         try:
             os.mkdir(self.path)
         except OSError as exc:
@@ -218,17 +287,21 @@ class _Staging:
         return self
 
     def publish(self) -> bool:
-        """Rename into place; False when another prepare got there first."""
+        """Rename the shards into place, then link the manifest; False when another prepare got there first."""
+        fsync_dir(self.path)
         try:
-            os.rename(self.path, self.target)
+            os.rename(self.path / "shards", self.target / "shards")
         except OSError as exc:
-            if os.path.isdir(self.target) and os.listdir(self.target):
+            if os.path.isdir(self.target / "shards"):
                 return False
             raise UserError(
-                f"{self.target}: cannot create the job dir ({exc.strerror}); check the path and permissions"
+                f"{self.target}: cannot publish the shards ({exc.strerror}); check the path and permissions"
             ) from exc
         self._published = True
-        fsync_dir(self.target.parent)
+        fsync_dir(self.target)
+        publish_once(self.target / "manifest.json", (self.path / "manifest.json").read_bytes())
+        fsync_dir(self.target)
+        self.discard()
         return True
 
     def discard(self) -> None:
@@ -408,11 +481,6 @@ class _Build:
 
     def _write_layout(self, manifest: Manifest) -> None:
         shutil.rmtree(self.staging / ".inputs")
-        for sub in ("attempts", "runs", "state"):
-            (self.staging / sub).mkdir()
-        for sub in JobDir.STATE_SUBDIRS:
-            (self.staging / "state" / sub).mkdir()
-        atomic_write(self.staging / "recipe.yaml", self.req.recipe_text)
         fsync_dir(self.staging / "shards")
         atomic_write(self.staging / "manifest.json", dumps_json(manifest.to_dict()))
 

@@ -316,7 +316,7 @@ class Worker:
         try:
             with heartbeat:
                 shard = self._verified_shard(sid)
-                self.runner(str(shard), str(output), str(self.job.root))
+                self.runner(str(shard), str(output), str(self.job.gen_dir))  # names the generation
                 digest = inspect_output(output)
         except Interrupted:
             self._finish(adir, info, "interrupted")

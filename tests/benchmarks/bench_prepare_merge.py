@@ -117,7 +117,7 @@ def identity_done(job: JobDir) -> None:
             "rows": spec.rows,
             "bytes": spec.bytes,
             "sha256": spec.sha256,
-            "output": f"attempts/{spec.id}/0001/processed.jsonl",
+            "output": job.relative(job.attempt_output(spec.id, 1)),
             "started_at": time.time(),
             "finished_at": time.time(),
         }
