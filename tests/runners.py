@@ -80,3 +80,11 @@ def die_after_output(shard_path: str, output_path: str, job_dir: str) -> None:
         out.flush()
         os.fsync(out.fileno())
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def project(shard_path: str, output_path: str, job_dir: str) -> None:
+    """Tags every row with the recipe's project_name, read from the generation's recipe.yaml (job_dir)."""
+    name = Path(job_dir, "recipe.yaml").read_text().split("project_name:")[1].split()[0]
+    with open(shard_path, "rb") as src, open(output_path, "wb") as out:
+        for line in src:
+            out.write(line.rstrip(b"\n")[:-1] + b', "project": "' + name.encode() + b'"}\n')

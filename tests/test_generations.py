@@ -1,0 +1,97 @@
+"""Generations and idempotent finalize with real processes (toy runners through the real coordination).
+
+A changed recipe reuses the shards in a new generation; nodes started by hand
+(no run id in common) merge once; a finished job is not merged again; a
+process whose recipe differs from its run's refuses to work.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import orjson
+
+from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.status import job_status
+
+from .jobs import concatenated_shards
+from .test_coordination import Cluster, count, finish, last_line
+
+
+def stat_of(path: Path) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_ino, st.st_mtime_ns
+
+
+def tree_stats(folder: Path) -> dict[str, tuple[int, int, str]]:
+    """Every file below ``folder``: inode, mtime and content hash."""
+    return {
+        str(p.relative_to(folder)): (*stat_of(p), hashlib.sha256(p.read_bytes()).hexdigest())
+        for p in folder.rglob("*")
+        if p.is_file()
+    }
+
+
+def rows(path: Path) -> list[dict]:
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
+
+
+def test_changed_recipe_reuses_shards_in_a_new_generation_and_never_mixes(tmp_path):
+    c = Cluster(tmp_path, rows=60, shards=6)
+    first = c.start(["node-0", "node-1"], "--runner", "project", "--project", "alpha", run_id="r1")
+    assert finish(first) == [0, 0], [n.output for n in first]
+    gen_a = JobDir(c.job.root)
+    shards = tree_stats(c.job.shards_dir)
+    manifest = stat_of(c.job.manifest_path)
+    outputs_a = tree_stats(gen_a.gen_dir)
+    assert {r["project"] for r in rows(c.export)} == {"alpha"}
+
+    second = c.start(["node-0", "node-1"], "--runner", "project", "--project", "beta", run_id="r2")
+    assert finish(second) == [0, 0], [n.output for n in second]
+    gen_b = JobDir(c.job.root)
+    assert gen_b.generation != gen_a.generation and gen_a.generation in gen_b.generation_ids()
+    assert tree_stats(c.job.shards_dir) == shards and stat_of(c.job.manifest_path) == manifest  # not prepared again
+    merged = rows(c.export)
+    assert {r["project"] for r in merged} == {"beta"} and [r["id"] for r in merged] == list(range(60))
+    assert tree_stats(gen_a.gen_dir) == outputs_a  # the old generation's outputs are untouched
+    for sid in gen_b.done_ids():  # and every new done record names an output of the new generation
+        output = orjson.loads(gen_b.done_path(sid).read_bytes())["output"]
+        assert output.startswith(f"generations/{gen_b.generation}/attempts/"), output
+    assert job_status(JobDir(c.job.root, gen_a.generation)).complete  # status can still name the old one
+
+
+def test_hand_started_nodes_merge_once_and_a_rerun_rewrites_nothing(tmp_path):
+    c = Cluster(tmp_path, rows=80, shards=8)
+    # no run id at all: each node invents its own, as two people starting dj-process by hand would
+    nodes = c.start(["node-0", "node-1", "node-2"], "--runner", "weighted", run_id="", DJE_TEST_UNIT="0.05")
+    assert finish(nodes) == [0, 0, 0], [n.output for n in nodes]
+    assert count(nodes, "elected as prepare coordinator") == 3  # three runs ...
+    assert count(nodes, "merged 8 shards") == 1, [n.output for n in nodes]  # ... one merge
+    assert all(last_line(n).startswith("PASS: 8 shards completed") for n in nodes)
+    assert c.export.read_bytes() == concatenated_shards(c.job)
+    before = stat_of(c.export), stat_of(c.job.merge_record_path)
+
+    again = c.start(["node-3"], run_id="")
+    assert finish(again) == [0]
+    assert "nothing rewritten" in last_line(again[0]) and count(again, "merged 8 shards") == 0
+    assert (stat_of(c.export), stat_of(c.job.merge_record_path)) == before
+
+    c.export.unlink()  # the output is gone: the next run merges it again
+    third = c.start(["node-4"], run_id="")
+    assert finish(third) == [0] and count(third, "merged 8 shards") == 1
+    assert c.export.read_bytes() == concatenated_shards(c.job)
+
+
+def test_a_process_whose_recipe_differs_from_its_runs_refuses_to_work(tmp_path):
+    c = Cluster(tmp_path, rows=40, shards=4)
+    nodes = [c.start_one("node-0", "--project", "alpha"), c.start_one("node-1", "--project", "beta")]
+    codes = finish(nodes)
+    assert sorted(codes) == [0, 2], [n.output for n in nodes]
+    refused = nodes[codes.index(2)]
+    line = last_line(refused)
+    assert line.startswith("FAIL: this process's recipe differs from the one this run prepared"), line
+    assert "project_name:" in line and "'alpha'" in line and "'beta'" in line, line
+    assert count([refused], "worker started") == 0
+    assert len(JobDir(c.job.root).generation_ids()) == 1
