@@ -9,14 +9,22 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from pathlib import Path
 
 import orjson
+import pytest
 
-from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.errors import UserError
+from data_juicer_elastic.job.layout import JobDir, manifest_digest
+from data_juicer_elastic.merge import merge
+from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
 from data_juicer_elastic.status import job_status
+from data_juicer_elastic.storage.files import dumps_json
+from data_juicer_elastic.worker.loop import run_worker
 
-from .jobs import concatenated_shards
+from .jobs import RECIPE, concatenated_shards, make_job
+from .runners import copy
 from .test_coordination import Cluster, count, finish, last_line
 
 
@@ -95,3 +103,37 @@ def test_a_process_whose_recipe_differs_from_its_runs_refuses_to_work(tmp_path):
     assert "project_name:" in line and "'alpha'" in line and "'beta'" in line, line
     assert count([refused], "worker started") == 0
     assert len(JobDir(c.job.root).generation_ids()) == 1
+
+
+def _as_schema_3(job: JobDir) -> None:
+    """Rewrite a freshly prepared job dir the way a schema-3 prepare laid it out (one recipe, no generations)."""
+    gdir = job.gen_dir
+    for name in ("recipe.yaml", "attempts", "state"):
+        os.rename(gdir / name, job.root / name)
+    (job.root / "runs").mkdir()
+    for name in ("generations", "current.json"):
+        path = job.root / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    raw = orjson.loads(job.manifest_path.read_bytes())
+    raw["schema_version"] = 3
+    raw["digest"] = manifest_digest(raw)
+    job.manifest_path.write_bytes(dumps_json(raw))
+
+
+def test_a_schema_3_job_dir_stays_readable_and_refuses_a_recipe_change_saying_why(tmp_path):
+    job = make_job(tmp_path, rows=30, shards=3)
+    policy = job.manifest().policy
+    _as_schema_3(job)
+    legacy = JobDir(job.root)
+    assert legacy.generation == "" and legacy.gen_dir == job.root and legacy.recipe_path == job.root / "recipe.yaml"
+    assert run_worker(legacy.gen_dir, copy, log=lambda *_: None).exit_code == 0
+    merge(legacy, str(tmp_path / "out.jsonl"), log=lambda *_: None)
+    assert (tmp_path / "out.jsonl").read_bytes() == concatenated_shards(legacy)
+    assert job_status(legacy).complete
+    request = PrepareRequest(str(tmp_path / "input" / "data.jsonl"), str(job.root), RECIPE, policy)
+    assert not prepare(request, log=lambda *_: None).created  # the same request: a no-op
+    with pytest.raises(UserError, match=r"recipe: sha256 .*schema 3.* one recipe per job dir"):
+        prepare(PrepareRequest(request.dataset_path, request.job_dir, RECIPE + b"# edited\n", policy))
