@@ -55,7 +55,8 @@ from data_juicer_elastic.job.identity import hostname
 from data_juicer_elastic.job.layout import JobDir, generation_id
 from data_juicer_elastic.job.versions import check_versions
 from data_juicer_elastic.merge import merge, merged_already, verify
-from data_juicer_elastic.prepare.driver import differences, prepare
+from data_juicer_elastic.prepare.driver import prepare
+from data_juicer_elastic.prepare.existing import differences
 from data_juicer_elastic.prepare.generation import recipe_differences
 from data_juicer_elastic.status import failure_message
 from data_juicer_elastic.storage.files import (
@@ -373,11 +374,10 @@ class _Session:
             return prepared
         request = self.spec.make_prepare_request()
         job = JobDir(self.spec.job_dir, prepared.generation)
-        diffs = differences(job._raw_manifest(), request, None)
-        mine = generation_id(hashlib.sha256(request.recipe_text).hexdigest())
-        if prepared.generation and mine != prepared.generation:
+        diffs = differences(job.manifest(), request, None)
+        if job.manifest().recipe_sha256 != hashlib.sha256(request.recipe_text).hexdigest():
             theirs = job.recipe_path.read_text(encoding="utf-8", errors="replace")
-            diffs += recipe_differences(theirs, request.recipe_text.decode("utf-8", "replace"))
+            diffs += recipe_differences(theirs, request.recipe_text.decode("utf-8", "replace")) or ["recipe: differs"]
         if not diffs:
             return prepared
         return Outcome(

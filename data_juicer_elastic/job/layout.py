@@ -232,14 +232,14 @@ class JobDir:
         return self.root / "current.json"
 
     def legacy(self) -> bool:
-        """A schema-3 job dir: one generation, at the top of the job dir."""
-        return self._raw_manifest().schema_version == LEGACY_SCHEMA
+        """A schema-3 job dir: one generation, at the top of the job dir (told by its layout, not its manifest)."""
+        return (self.root / "state").is_dir()
 
     @property
     def generation(self) -> str:
         """This object's generation id: the one named, else the current one ("" for a schema-3 job dir)."""
         if self._generation is None:
-            self._generation = "" if self.exists() and self.legacy() else self._current()
+            self._generation = "" if self.legacy() else self._current()
         return self._generation
 
     def _current(self) -> str:
@@ -420,6 +420,11 @@ class JobDir:
             raise IntegrityError(
                 f"{self.manifest_path}: was edited after prepare (its content does not match its digest); "
                 "restore it, or prepare the job again in a new job dir"
+            )
+        if (m.schema_version == LEGACY_SCHEMA) != self.legacy():
+            raise IntegrityError(
+                f"{self.manifest_path}: schema_version {m.schema_version} does not match the job dir's layout "
+                "(state/ at the top is schema 3, generations/ is schema 4); restore it, or prepare a new job dir"
             )
         self._check(m)
         self._raw = m
