@@ -7,6 +7,7 @@ process whose recipe differs from its run's refuses to work.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import os
 import shutil
@@ -16,7 +17,7 @@ import orjson
 import pytest
 
 from data_juicer_elastic.errors import UserError
-from data_juicer_elastic.job.layout import JobDir, manifest_digest
+from data_juicer_elastic.job.layout import JobDir, Policy, manifest_digest
 from data_juicer_elastic.merge import merge
 from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
 from data_juicer_elastic.status import job_status
@@ -137,3 +138,27 @@ def test_a_schema_3_job_dir_stays_readable_and_refuses_a_recipe_change_saying_wh
     assert not prepare(request, log=lambda *_: None).created  # the same request: a no-op
     with pytest.raises(UserError, match=r"recipe: sha256 .*schema 3.* one recipe per job dir"):
         prepare(PrepareRequest(request.dataset_path, request.job_dir, RECIPE + b"# edited\n", policy))
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+def test_an_input_copied_or_restored_is_reused_after_its_digests_are_checked(tmp_path, compressed):
+    plain = tmp_path / "rows.jsonl"
+    plain.write_bytes(b"".join(orjson.dumps({"id": i, "text": "t" * (i % 9)}) + b"\n" for i in range(40))[:-1])
+    data = tmp_path / "in" / ("data.jsonl.gz" if compressed else "data.jsonl")
+    data.parent.mkdir()
+    data.write_bytes(gzip.compress(plain.read_bytes(), mtime=0) if compressed else plain.read_bytes())
+    request = PrepareRequest(str(data), str(tmp_path / "job"), RECIPE, Policy(num_shards=3))
+    prepare(request, log=lambda *_: None)
+    shards = tree_stats(tmp_path / "job" / "shards")
+
+    copied = data.read_bytes()  # a copy back in place: same bytes, new inode and mtime
+    data.unlink()
+    data.write_bytes(copied)
+    os.utime(data, ns=(10**18, 10**18))
+    assert not prepare(request, log=lambda *_: None).created
+    assert tree_stats(tmp_path / "job" / "shards") == shards
+
+    if not compressed:  # the same size, other bytes: refused, naming the file
+        data.write_bytes(copied.replace(b'"id":7,', b'"id":8,', 1))
+        with pytest.raises(UserError, match=r"input data.jsonl: changed since prepare \(same size"):
+            prepare(request, log=lambda *_: None)
