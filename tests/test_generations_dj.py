@@ -19,8 +19,9 @@ import yaml
 from data_juicer_elastic.coordination import session as coord
 from data_juicer_elastic.job.layout import JobDir
 
+from .reference import DJ_PROCESS, OFFLINE, dj_process, read_rows, write_jsonl
 from .test_generations import stat_of, tree_stats
-from .test_integration import DJ_PROCESS, OFFLINE, dj_process, elastic_recipe, read_rows, write_jsonl
+from .test_integration import elastic_recipe
 
 pytestmark = pytest.mark.slow
 

@@ -15,6 +15,7 @@ import hashlib
 import os
 from pathlib import Path
 
+from data_juicer_elastic.coordination.rundir import EXIT_OK, RunDir, read_outcome
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.storage.files import read_record
 
@@ -34,15 +35,13 @@ def finalize_key(job: JobDir, export_path: str) -> str:
     return digest.hexdigest()[:24]
 
 
-def finalize_round(job: JobDir, export_path: str, run_id: str, host: str):  # -> RunDir
+def finalize_round(job: JobDir, export_path: str, run_id: str, host: str) -> RunDir:
     """The election folder to stand in: the first round of this key without a failed result."""
-    from data_juicer_elastic.coordination.session import EXIT_OK, RunDir, _outcome  # one module, no cycle at import
-
     key = finalize_key(job, export_path)
     n = 1
     while True:
         root: Path = job.finalize_dir / f"{key}-{n}"
-        result = _outcome(root / RESULT)
+        result = read_outcome(root / RESULT)
         if result is None or result.exit_code == EXIT_OK:
             return RunDir.open(root, run_id, host, subdirs=())
         n += 1

@@ -237,9 +237,15 @@ class JobDir:
 
     @property
     def generation(self) -> str:
-        """This object's generation id: the one named, else the current one ("" for a schema-3 job dir)."""
+        """This object's generation id: the one named, else the current one.
+
+        "" for a schema-3 job dir, and (not remembered) while the job has no generation yet.
+        """
         if self._generation is None:
-            self._generation = "" if self.legacy() else self._current()
+            gen = "" if self.legacy() else self._current()
+            if not gen and not self.legacy():
+                return ""
+            self._generation = gen
         return self._generation
 
     def _current(self) -> str:
@@ -250,9 +256,10 @@ class JobDir:
         if not gen:
             known = self.generation_ids()
             gen = known[-1] if known else ""
-        if not gen:
-            raise UserError(f"{self.root}: no generation yet; run the job (dj-process) or `dj-elastic prepare` first")
         return gen
+
+    def _no_generation(self) -> UserError:
+        return UserError(f"{self.root}: no generation yet; run the job (dj-process) or `dj-elastic prepare` first")
 
     def generation_ids(self) -> list[str]:
         """Every generation of this job, oldest first."""
@@ -274,8 +281,8 @@ class JobDir:
     @property
     def gen_dir(self) -> Path:
         gen = self.generation
-        if not gen:
-            return self.root
+        if not gen:  # a schema-3 job dir; or none yet: a folder that never exists, so pollers see nothing
+            return self.root if self.legacy() else self.generations_dir / ".none-yet"
         if not GENERATION_RE.match(gen) or not (self.generations_dir / gen).is_dir():
             known = ", ".join(self.generation_ids()) or "none"
             raise UserError(f"{self.root}: no generation {gen!r} (generations: {known}); name one of these")
@@ -382,6 +389,8 @@ class JobDir:
         """The manifest with this generation's recipe sha256 and policy, loaded and checked once."""
         if self._manifest is None:
             m = self._raw_manifest()
+            if not self.generation and not self.legacy():
+                raise self._no_generation()
             if self.generation:
                 record = self._generation_record(self.generation)
                 m = dataclasses.replace(m, recipe_sha256=record.recipe_sha256, policy=self._policy(m.policy))

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import logging
 import os
 import re
 import shutil
@@ -26,8 +25,6 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +33,9 @@ import yaml
 
 from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.plugin import opcounts
+from data_juicer_elastic.plugin.console import attempt_log, quiet_ray_console, route_ray_worker_logs
+from data_juicer_elastic.storage.blocks import Digester, blocks
 
 RECIPE_NAME = "recipe.yaml"
 LOG_NAME = "process.log"
@@ -72,6 +72,7 @@ def start_ray(address: str, py_modules: list[str] | None = None) -> bool:
     from data_juicer.utils.mm_utils import SPECIAL_TOKEN_ENV_PREFIX
 
     os.environ[RAY_JOB_ENV_VAR] = "1"
+    quiet_ray_console()
     with _ray_lock:
         if ray.is_initialized():
             return False
@@ -86,6 +87,7 @@ def start_ray(address: str, py_modules: list[str] | None = None) -> bool:
         main = threading.current_thread() is threading.main_thread()
         saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)} if main else {}
         ray.init(address=address, **kwargs)
+        route_ray_worker_logs()
         for sig, handler in saved.items():
             if callable(handler) and signal.getsignal(sig) is not handler:
                 signal.signal(sig, handler)
@@ -206,17 +208,25 @@ class ShardLoader:
 
     executor_type = "ray"  # read by RayExecutor.run
 
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: Any, count_sink: str | None = None) -> None:
         self.cfg = cfg
+        self.count_sink = count_sink  # see opcounts: per-op row counts land there
+        self.dataset: Any = None
+        self.rows_in = 0
 
     def load_dataset(self, **_: Any) -> Any:
         from data_juicer.core.data.ray_dataset import RayDataset
+
+        from data_juicer_elastic.plugin.opcounts import counting_dataset_class
 
         read_kwargs: dict[str, Any] = {"override_num_blocks": getattr(self.cfg, "override_num_blocks", None)}
         if getattr(self.cfg, "read_options", None):
             read_kwargs["read_options"] = self.cfg.read_options
         data = RayDataset.read("json", self.cfg.dataset_path, **read_kwargs).materialize()
-        return RayDataset(data, dataset_path=self.cfg.dataset_path, cfg=self.cfg)
+        self.rows_in = data.count()  # metadata of a materialised dataset: no pass over the rows
+        self.dataset = counting_dataset_class()(data, dataset_path=self.cfg.dataset_path, cfg=self.cfg)
+        self.dataset.count_sink, self.dataset.op_names = self.count_sink, []
+        return self.dataset
 
 
 # --------------------------------------------------------------------------- output
@@ -238,22 +248,25 @@ def part_files(export_dir: Path) -> list[Path]:
 
 
 def join_parts(export_path: Path, output_path: Path) -> int:
-    """Concatenate the part files into ``output_path``; returns the number of rows written."""
+    """Concatenate the part files into ``output_path``; returns the number of rows written.
+
+    Fails closed: an export that is missing, or neither a folder nor Data-Juicer's
+    empty-dataset file, fails the attempt rather than publishing an empty output.
+    """
+    if not export_path.is_dir() and (not export_path.is_file() or export_path.stat().st_size):
+        what = "is missing" if not export_path.exists() else "is neither Ray's export folder nor an empty file"
+        raise IntegrityError(f"{export_path}: the attempt's export {what}; the shard's output cannot be trusted")
     rows = 0
     with open(output_path, "wb") as out:
-        if export_path.is_dir():
-            for part in part_files(export_path):
-                last = b"\n"
-                with open(part, "rb") as src:
-                    while chunk := src.read(16 << 20):
-                        out.write(chunk)
-                        rows += chunk.count(b"\n")
-                        last = chunk[-1:]
-                if last != b"\n":
-                    out.write(b"\n")
-                    rows += 1
-        elif export_path.exists() and export_path.stat().st_size:  # Data-Juicer's empty-dataset file
-            raise IntegrityError(f"{export_path}: expected Ray's export folder or an empty file")
+        for part in part_files(export_path) if export_path.is_dir() else ():
+            counted = Digester(sha256=False)
+            for block in blocks(part):
+                out.write(block)
+                counted.update(block)
+            rows += counted.rows
+            if not counted.result().ends_with_newline:
+                out.write(b"\n")
+                rows += 1
         out.flush()
         os.fsync(out.fileno())
     return rows
@@ -265,28 +278,6 @@ def remove(path: Path) -> None:
         shutil.rmtree(path)
     else:
         path.unlink(missing_ok=True)
-
-
-# --------------------------------------------------------------------------- logs
-@contextmanager
-def attempt_log(path: Path, level: str = "INFO") -> Iterator[None]:
-    """Data-Juicer's (loguru) and Ray's (logging) messages of this attempt also go to ``path``."""
-    from loguru import logger
-
-    sink = logger.add(str(path), level=level, backtrace=False, diagnose=False, enqueue=False)
-    handler = logging.FileHandler(path, encoding="utf-8")
-    handler.setLevel(level)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    ray_loggers = [logging.getLogger("ray"), logging.getLogger("ray.data")]
-    for lg in ray_loggers:
-        lg.addHandler(handler)
-    try:
-        yield
-    finally:
-        for lg in ray_loggers:
-            lg.removeHandler(handler)
-        handler.close()
-        logger.remove(sink)
 
 
 # --------------------------------------------------------------------------- runner
@@ -375,8 +366,15 @@ class RayShardRunner:
         cfg = attempt_config(base, os.path.abspath(shard_path), str(attempt_dir))
         t1 = time.perf_counter()
         executor = RayExecutor(cfg)
-        executor.datasetbuilder = ShardLoader(executor.cfg)
-        dataset = executor.run()
+        sink = opcounts.new_sink() if opcounts.enabled() else None
+        try:
+            executor.datasetbuilder = loader = ShardLoader(executor.cfg, sink)
+            dataset = executor.run()
+            if sink:
+                opcounts.collect(sink, loader.dataset.op_names, loader.rows_in, attempt_dir)
+        finally:
+            if sink:
+                shutil.rmtree(sink, ignore_errors=True)
         t2 = time.perf_counter()
         expected = dataset.data.count() if dataset is not None else None
         rows = join_parts(export_path, Path(output_path))

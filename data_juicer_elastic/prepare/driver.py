@@ -1,21 +1,19 @@
 """Prepare: split a JSONL dataset into a job directory of validated, byte-balanced shards.
 
-The job directory is built whole in a staging folder beside it and renamed
-into place, so it appears complete or not at all. The input is read once:
+The shards and the manifest are built in a staging folder inside the job dir
+(beside the coordination's ``runs/``); its ``shards/`` is renamed into place,
+then its manifest is linked: ``manifest.json`` marks a prepared job, and a
+prepare killed between the two steps is completed by the next one
+(prep_staging). The input is read once:
 shard boundaries come from file sizes plus a few small seeks (prep_split),
 then each shard's byte ranges are validated, normalised, written and hashed
 in one pass, one shard per worker (prep_shards); the same pass gives each
 input range's sha256, and a stat of every input before and after tells a
-changed input.
-
-The staging folder lives inside the job dir (beside the coordination's
-``runs/``): its ``shards/`` is renamed into place, then its manifest is
-linked; ``manifest.json`` marks a prepared job, and a prepare killed between
-the two steps is completed by the next one. The recipe is not part of the
-shards: every request then gets its recipe's generation (prep_generation).
-Repeating a request with the same input, shard count and row rules is a
-cheap no-op (stat only; an input whose mtime moved is re-hashed against its
-range digests); a different one is refused with the keys that differ.
+changed input. The recipe is not part of the shards: every request gets its
+recipe's generation (prep_generation). Repeating a request with the same
+input, shard count and row rules is a cheap no-op (stat only; an input whose
+mtime moved is re-hashed against its range digests); a different one is
+refused with the keys that differ (prep_existing).
 """
 
 from __future__ import annotations
@@ -23,9 +21,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import socket
 import time
-import uuid
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from dataclasses import dataclass, field
@@ -58,15 +54,9 @@ from data_juicer_elastic.prepare.shards import (
     write_shard,
 )
 from data_juicer_elastic.prepare.split import Piece, Stream, TooFewRows, plan
+from data_juicer_elastic.prepare.staging import Staging, complete_publication
 from data_juicer_elastic.progress import ProgressBar
-from data_juicer_elastic.storage.files import (
-    atomic_write,
-    disk_full_in,
-    dumps_json,
-    fsync_dir,
-    no_space_error,
-    publish_once,
-)
+from data_juicer_elastic.storage.files import atomic_write, disk_full_in, dumps_json, fsync_dir, no_space_error
 
 INLINE_BELOW = 32 << 20  # smaller inputs are not worth starting worker processes for
 MAX_JOBS = 8
@@ -109,11 +99,11 @@ def prepare(
         return _existing(job, req, recipe_sha, started, log)
     dataset = discover(req.dataset_path, exclude=(str(job.root),))
     try:
-        with _Staging(job.root) as staging:
+        with Staging(job.root) as staging:
             built = _Build(req, dataset, staging.path, recipe_sha, progress, jobs).run()
             if not staging.publish():
                 staging.discard()
-                _complete_publication(job.root)
+                complete_publication(job.root)
                 return _existing(JobDir(req.job_dir), req, recipe_sha, started, log)
     except Exception as exc:
         if full := disk_full_in(exc):  # the staging folder is gone: nothing was published
@@ -128,13 +118,6 @@ def prepare(
     )
     m = built.manifest
     return PrepareResult(m, True, m.total_rows, m.total_bytes, seconds)
-
-
-def _existing(
-    job: JobDir, req: PrepareRequest, recipe_sha: str, started: float, log: Callable[[str], Any]
-) -> PrepareResult:
-    m = confirm_existing(job, req, recipe_sha, log)
-    return PrepareResult(m, False, m.total_rows, m.total_bytes, time.monotonic() - started)
 
 
 # request checks -------------------------------------------------------------
@@ -157,13 +140,20 @@ def _check_request(req: PrepareRequest) -> str:
     return hashlib.sha256(req.recipe_text).hexdigest()
 
 
+def _existing(
+    job: JobDir, req: PrepareRequest, recipe_sha: str, started: float, log: Callable[[str], Any]
+) -> PrepareResult:
+    m = confirm_existing(job, req, recipe_sha, log)
+    return PrepareResult(m, False, m.total_rows, m.total_bytes, time.monotonic() - started)
+
+
 def _refuse_occupied(root: Path) -> None:
     """A job dir without a manifest may hold only coordination state and staging folders."""
     if not os.path.lexists(root):
         return
     if not root.is_dir():
         raise UserError(f"{root}: exists and is not a directory; choose another job dir")
-    if _complete_publication(root):
+    if complete_publication(root):
         return
     entries = sorted(e for e in os.listdir(root) if e != "runs" and not e.startswith(STAGING_MARK))
     if entries:
@@ -171,99 +161,6 @@ def _refuse_occupied(root: Path) -> None:
         raise UserError(
             f"{root}: exists, is not empty ({shown}) and holds no manifest.json; choose a new or empty job dir"
         )
-
-
-def _complete_publication(root: Path) -> bool:
-    """Link the manifest of a prepare that published its shards but not yet its manifest; True if one is there."""
-    if (root / "manifest.json").exists():
-        return True
-    if not (root / "shards").exists():
-        return False
-    for name in sorted(os.listdir(root)):
-        staged = root / name
-        if name.startswith(STAGING_MARK) and (staged / "manifest.json").exists() and not (staged / "shards").exists():
-            publish_once(root / "manifest.json", (staged / "manifest.json").read_bytes())
-            shutil.rmtree(staged, ignore_errors=True)
-            return True
-    return False
-
-
-# staging --------------------------------------------------------------------
-class _Staging:
-    """A folder inside the job dir whose shards and manifest are published into it, or that disappears."""
-
-    def __init__(self, target: Path) -> None:
-        self.target = target
-        token = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.path = target / f"{STAGING_MARK}{token}"
-        self._published = False
-        self._made_parents: list[Path] = []
-
-    def __enter__(self) -> _Staging:
-        self._made_parents = _make_parents(self.target)
-        try:
-            os.mkdir(self.path)
-        except OSError as exc:
-            self._remove_parents()
-            raise UserError(
-                f"{self.path}: cannot create the staging folder ({exc.strerror}); "
-                f"check permissions on {self.target.parent}"
-            ) from exc
-        return self
-
-    def publish(self) -> bool:
-        """Rename the shards into place, then link the manifest; False when another prepare got there first."""
-        fsync_dir(self.path)
-        try:
-            os.rename(self.path / "shards", self.target / "shards")
-        except OSError as exc:
-            if os.path.isdir(self.target / "shards"):
-                return False
-            raise UserError(
-                f"{self.target}: cannot publish the shards ({exc.strerror}); check the path and permissions"
-            ) from exc
-        self._published = True
-        fsync_dir(self.target)
-        publish_once(self.target / "manifest.json", (self.path / "manifest.json").read_bytes())
-        fsync_dir(self.target)
-        self.discard()
-        return True
-
-    def discard(self) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
-
-    def __exit__(self, exc_type: object, *_: object) -> None:
-        if self._published:
-            return
-        self.discard()
-        if exc_type is not None:
-            self._remove_parents()
-
-    def _remove_parents(self) -> None:
-        for made in reversed(self._made_parents):
-            try:
-                os.rmdir(made)
-            except OSError:
-                break
-
-
-def _make_parents(parent: Path) -> list[Path]:
-    """Create missing parent folders, returning those made (so a failure can remove them)."""
-    missing = []
-    p = parent
-    while not p.exists():
-        missing.append(p)
-        p = p.parent
-    made = []
-    for p in reversed(missing):
-        try:
-            os.mkdir(p)
-        except FileExistsError:
-            continue
-        except OSError as exc:
-            raise UserError(f"{p}: cannot create the job dir's parent ({exc.strerror}); check the path") from exc
-        made.append(p)
-    return made
 
 
 # the build ------------------------------------------------------------------
