@@ -24,7 +24,8 @@ from data_juicer_elastic.status import job_status
 from data_juicer_elastic.storage.files import dumps_json
 from data_juicer_elastic.worker.loop import run_worker
 
-from .jobs import RECIPE, concatenated_shards, make_job
+from .jobs import RECIPE, make_job
+from .prep_helpers import shard_bytes
 from .runners import copy
 from .test_coordination import Cluster, count, finish, last_line
 
@@ -79,7 +80,7 @@ def test_hand_started_nodes_merge_once_and_a_rerun_rewrites_nothing(tmp_path):
     assert count(nodes, "elected as prepare coordinator") == 3  # three runs ...
     assert count(nodes, "merged 8 shards") == 1, [n.output for n in nodes]  # ... one merge
     assert all(last_line(n).startswith("PASS: 8 shards completed") for n in nodes)
-    assert c.export.read_bytes() == concatenated_shards(c.job)
+    assert c.export.read_bytes() == b"".join(shard_bytes(c.job.root))
     before = stat_of(c.export), stat_of(c.job.merge_record_path)
 
     again = c.start(["node-3"], run_id="")
@@ -90,7 +91,7 @@ def test_hand_started_nodes_merge_once_and_a_rerun_rewrites_nothing(tmp_path):
     c.export.unlink()  # the output is gone: the next run merges it again
     third = c.start(["node-4"], run_id="")
     assert finish(third) == [0] and count(third, "merged 8 shards") == 1
-    assert c.export.read_bytes() == concatenated_shards(c.job)
+    assert c.export.read_bytes() == b"".join(shard_bytes(c.job.root))
 
 
 def test_a_process_whose_recipe_differs_from_its_runs_refuses_to_work(tmp_path):
@@ -132,7 +133,7 @@ def test_a_schema_3_job_dir_stays_readable_and_refuses_a_recipe_change_saying_wh
     assert legacy.generation == "" and legacy.gen_dir == job.root and legacy.recipe_path == job.root / "recipe.yaml"
     assert run_worker(legacy.gen_dir, copy, log=lambda *_: None).exit_code == 0
     merge(legacy, str(tmp_path / "out.jsonl"), log=lambda *_: None)
-    assert (tmp_path / "out.jsonl").read_bytes() == concatenated_shards(legacy)
+    assert (tmp_path / "out.jsonl").read_bytes() == b"".join(shard_bytes(legacy.root))
     assert job_status(legacy).complete
     request = PrepareRequest(str(tmp_path / "input" / "data.jsonl"), str(job.root), RECIPE, policy)
     assert not prepare(request, log=lambda *_: None).created  # the same request: a no-op

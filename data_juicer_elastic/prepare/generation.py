@@ -27,7 +27,8 @@ import yaml
 
 from data_juicer_elastic.errors import IntegrityError
 from data_juicer_elastic.job.layout import JobDir, Policy, ShardSource, generation_id
-from data_juicer_elastic.prepare.inputs import BLOCK, STAGING_MARK, InputSpec, _decompressor
+from data_juicer_elastic.prepare.inputs import STAGING_MARK, InputSpec, _decompressor
+from data_juicer_elastic.storage.blocks import BLOCK
 from data_juicer_elastic.storage.files import atomic_write, dumps_json, fsync_dir, read_json, read_record
 
 
