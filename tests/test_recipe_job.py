@@ -14,7 +14,7 @@ import yaml
 
 from data_juicer_elastic.job.layout import JobDir
 
-from .test_integration import OFFLINE, REPO, dj_process
+from .reference import OFFLINE, REPO, dj_process
 
 DJ_ELASTIC = str(Path(sys.executable).parent / "dj-elastic")
 
