@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from data_juicer_elastic.coordination import session as coord
+from data_juicer_elastic.coordination import run_id as coord
 from data_juicer_elastic.job.layout import JobDir
 
 from .reference import DJ_PROCESS, OFFLINE, dj_process, read_rows, write_jsonl
