@@ -147,13 +147,10 @@ class AfterPrepare:
         aborted = self.run.aborted()
         if aborted:
             return aborted
-        outcome = self.already_merged() or coordinate(
-            finalize_round(self.job, self.spec.export_path, self.run.run_id, self.host),
-            "finalize",
-            self.do_finalize,
-            self.spec,
-            self.log,
-        )
+        # the election's key first, then the check: a merge that ends in between is seen by the check,
+        # one that ends after it has this key, so a process never stands in a second election for it
+        election = finalize_round(self.job, self.spec.export_path, self.run.run_id, self.host)
+        outcome = self.already_merged() or coordinate(election, "finalize", self.do_finalize, self.spec, self.log)
         return self.run.publish("finalize.result.json", outcome)  # what this run reports
 
     def already_merged(self) -> Outcome | None:
