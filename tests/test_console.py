@@ -13,7 +13,8 @@ import sys
 import textwrap
 
 from .jobs import REPO, env_with
-from .test_integration import dj_process, elastic_recipe, read_rows, write_jsonl
+from .reference import dj_process, read_rows, write_jsonl
+from .test_integration import elastic_recipe
 
 SHARDS = 16
 CURSED = (7, 93)
