@@ -20,6 +20,13 @@ from data_juicer_elastic.worker.speculation import Speculation
 
 def _job_dir_arg(p: ArgumentParser) -> None:
     p.add_argument("--job-dir", required=True, help="the shared job directory")
+    p.add_argument(
+        "--generation", default=None, help="the recipe generation to act on (default: the latest submission's)"
+    )
+
+
+def _job(a: Namespace) -> JobDir:
+    return JobDir(a.job_dir, a.generation)
 
 
 def _prepare_args(p: ArgumentParser) -> None:
@@ -136,7 +143,7 @@ def cmd_worker(a: Namespace) -> int:
     from data_juicer_elastic.worker.loop import run_worker
     from data_juicer_elastic.worker.runner import load_runner
 
-    job = JobDir(a.job_dir)
+    job = _job(a)
     check_versions(job.manifest().versions, allow_mismatch=a.allow_version_mismatch)
     if a.runner:
         runner = load_runner(a.runner)
@@ -151,7 +158,7 @@ def cmd_worker(a: Namespace) -> int:
     )
     speculation.check()
     result = run_worker(
-        job.root, runner, max_shards=a.max_shards, stop_when_idle=a.stop_when_idle, speculation=speculation
+        job.gen_dir, runner, max_shards=a.max_shards, stop_when_idle=a.stop_when_idle, speculation=speculation
     )
     print(f"worker exit {result.exit_code}: {result.message}", file=sys.stderr if result.exit_code else sys.stdout)
     return result.exit_code
@@ -163,8 +170,8 @@ def cmd_status(a: Namespace) -> int:
     if a.watch:
         from data_juicer_elastic.watch import watch
 
-        return watch(a.job_dir, a.interval)
-    st = job_status(JobDir(a.job_dir))
+        return watch(str(_job(a).gen_dir) if a.generation else a.job_dir, a.interval)
+    st = job_status(_job(a))
     if a.json:
         sys.stdout.buffer.write(orjson.dumps(st.to_dict(), option=orjson.OPT_INDENT_2) + b"\n")
     else:
@@ -175,7 +182,7 @@ def cmd_status(a: Namespace) -> int:
 def format_status(st, *, show_all: bool) -> str:
     c = st.counts
     lines = [
-        f"job {st.job_dir}",
+        f"job {st.job_dir}" + (f"  generation {st.generation}" if st.generation else ""),
         f"shards: {len(st.shards)}  done {c['done']}  running {c['running']}  stale {c['stale']}  "
         f"pending {c['pending']}  failed {c['failed']}",
         f"rows: {st.input_rows_done}/{st.input_rows} input rows done ({st.progress:.1%}), "
@@ -222,7 +229,7 @@ def backup_line(b: dict) -> str:
 def cmd_retry(a: Namespace) -> int:
     from data_juicer_elastic.job.records.retry import requeue
 
-    requeued = requeue(JobDir(a.job_dir), a.shard_id, all_failed=a.all_failed)
+    requeued = requeue(_job(a), a.shard_id, all_failed=a.all_failed)
     print(f"requeued {len(requeued)} shard(s): {' '.join(requeued)}")
     return 0
 
@@ -230,19 +237,19 @@ def cmd_retry(a: Namespace) -> int:
 def cmd_merge(a: Namespace) -> int:
     from data_juicer_elastic.merge import merge
 
-    merge(JobDir(a.job_dir), a.output, overwrite=a.overwrite)
+    merge(_job(a), a.output, overwrite=a.overwrite)
     return 0
 
 
 def cmd_verify(a: Namespace) -> int:
     from data_juicer_elastic.merge import verify
 
-    report = verify(JobDir(a.job_dir), expect_nodes=a.expect_nodes)
+    report = verify(_job(a), expect_nodes=a.expect_nodes)
     for problem in report.problems:
         print(problem, file=sys.stderr)
     hosts = ", ".join(f"{h}={n}" for h, n in sorted(report.hosts.items()))
     print(f"verified {sum(c.ok for c in report.shards)}/{len(report.shards)} shards; hosts: {hosts or 'none'}")
-    dropped = describe_error_rows(error_rows_by_shard(JobDir(a.job_dir)))
+    dropped = describe_error_rows(error_rows_by_shard(_job(a)))
     if dropped:
         print(dropped)
     if not report.ok:
@@ -259,7 +266,7 @@ def cmd_run(a: Namespace) -> int:
 def cmd_report(a: Namespace) -> int:
     from data_juicer_elastic.report import write_report
 
-    path = write_report(a.job_dir, a.output)
+    path = write_report(_job(a).gen_dir, a.output)
     print(f"report written to {path}")
     return 0
 

@@ -5,7 +5,9 @@ and checks rows, bytes and sha256 against its record. ``merge`` does the same
 checks while it copies (one read per output, large blocks, the merged file's
 hash computed in a second thread), writes into a temp file beside the target,
 fsyncs and renames it into place, so a partial merge is never visible at the
-output path; then it records what it wrote in ``merge.json``.
+output path; then it records what it wrote in ``merge.json``, with the
+output's size, mtime and inode, so ``merged_already`` can tell cheaply that a
+finished generation needs no second merge.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from data_juicer_elastic.storage.files import (
     fsync_dir,
     lost_race,
     no_space_error,
+    read_record,
     remove_dead_temps,
     temp_name,
 )
@@ -156,6 +159,31 @@ def merge(
     return MergeResult(str(out), rows, size, seconds, len(records))
 
 
+def merged_already(job: JobDir, output: str) -> dict | None:
+    """The merge record when it holds exactly the current done records and ``output`` is still the file it wrote.
+
+    Cheap: done records are read, outputs are not; the output is compared by
+    size, mtime and inode (a rewrite or a replacement changes them).
+    """
+    record = read_record(job.merge_record_path)
+    out = os.path.abspath(output)
+    stat = record.get("output_stat")
+    if record.get("output") != out or not isinstance(stat, dict) or not isinstance(record.get("shards"), list):
+        return None
+    try:
+        st = os.stat(out)
+    except OSError:
+        return None
+    if (st.st_size, st.st_mtime_ns, st.st_ino) != (stat.get("size"), stat.get("mtime_ns"), stat.get("ino")):
+        return None
+    merged = [(s.get("shard"), s.get("attempt"), s.get("sha256")) for s in record["shards"] if isinstance(s, dict)]
+    current = []
+    for spec in job.manifest().shards:
+        done = read_record(job.done_path(spec.id))
+        current.append((spec.id, done.get("attempt"), done.get("sha256")))
+    return record if merged == current else None
+
+
 def _check_target(out: Path, overwrite: bool) -> None:
     if out.is_dir():
         raise UserError(f"{out}: is a directory; give a file path for the merged output")
@@ -257,6 +285,11 @@ def _copy_one(
     return got.rows, got.bytes
 
 
+def _stat_of(path: Path) -> dict[str, int]:
+    st = os.stat(path)
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}
+
+
 def _record(
     job: JobDir, out: Path, records: list[Done], rows: int, size: int, sha: str, started_at: float, seconds: float
 ) -> None:
@@ -268,6 +301,7 @@ def _record(
                 "rows": rows,
                 "bytes": size,
                 "sha256": sha,
+                "output_stat": _stat_of(out),
                 "shards": [
                     {
                         "shard": r.shard,

@@ -47,6 +47,7 @@ class JobStatus:
     complete: bool
     failed: bool = False
     notes: list[str] = field(default_factory=list)
+    generation: str = ""  # the recipe generation shown ("" for a job dir from before generations)
     hosts_active: list[str] = field(default_factory=list)  # hosts holding a live lease now
     error_rows: int = 0  # rows removed by op errors (skip_op_error) in done shards
 
@@ -161,6 +162,7 @@ def _summarise(job: JobDir, manifest: Manifest, shards: list[ShardStatus], elaps
         rows_per_sec=round(rows_done / elapsed, 1) if elapsed > 0 else None,
         complete=counts["done"] == len(shards),
         failed=counts["failed"] > 0,
+        generation=job.generation,
         hosts_active=sorted({s.host or "?" for s in shards if s.state == "running"}),
         error_rows=sum(s.error_rows for s in shards),
     )

@@ -48,6 +48,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--prepare-sleep", type=float, default=0.0, help="the prepare factory sleeps this long first")
     p.add_argument("--prepare-error", default=None, help="the prepare factory raises UserError(this)")
     p.add_argument("--mark-dir", default=None, help="make_runner leaves <host>-<pid> here")
+    p.add_argument("--project", default=None, help="the recipe's project_name (a different recipe)")
     p.add_argument("--speculation-min-secs", type=float, default=None, help="speculation on with this minimum")
     return p.parse_args(argv)
 
@@ -64,11 +65,12 @@ def build_spec(a: argparse.Namespace) -> JobSpec:
             poll_interval_secs=a.poll,
             max_retries=a.max_retries,
         )
+        recipe = RECIPE if a.project is None else RECIPE.replace(b"protocol-test", a.project.encode())
         return PrepareRequest(
-            dataset_path=a.dataset, job_dir=a.job_dir, recipe_text=RECIPE, policy=policy, versions=current_versions()
+            dataset_path=a.dataset, job_dir=a.job_dir, recipe_text=recipe, policy=policy, versions=current_versions()
         )
 
-    def make_runner():
+    def make_runner(job_dir: str):
         if a.mark_dir:
             host = os.environ.get("DJ_ELASTIC_HOSTNAME", "host")
             Path(a.mark_dir).mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from data_juicer_elastic.coordination.rundir import EXIT_OK, Outcome, lobbies_dir, read_outcome
+from data_juicer_elastic.coordination.rundir import EXIT_OK, Outcome, read_outcome
 from data_juicer_elastic.storage.files import read_record
 
 
@@ -36,16 +36,14 @@ class RunSummary:
 
 def run_summaries(job_dir: str | os.PathLike) -> list[RunSummary]:
     """Every run that touched ``job_dir``, oldest first (reads only)."""
-    job = Path(os.path.abspath(job_dir))
-    lobbies = lobbies_dir(job)
-    keys = {e.name for base in (lobbies, job / "runs") if base.is_dir() for e in os.scandir(base) if e.is_dir()}
-    summaries = [_summary(lobbies / key, job / "runs" / key) for key in keys]
-    return sorted(summaries, key=lambda r: r.created_at)
+    runs = Path(os.path.abspath(job_dir)) / "runs"
+    keys = [e.name for e in os.scandir(runs) if e.is_dir()] if runs.is_dir() else []
+    return sorted((_summary(runs / key) for key in keys), key=lambda r: r.created_at)
 
 
-def _summary(lobby: Path, run: Path) -> RunSummary:
-    info = read_record(lobby / "run.json") or read_record(run / "run.json")
-    prepare_result, finalize = read_outcome(lobby / "prepare.result.json"), read_outcome(run / "finalize.result.json")
+def _summary(run: Path) -> RunSummary:
+    info = read_record(run / "run.json")
+    prepare_result, finalize = read_outcome(run / "prepare.result.json"), read_outcome(run / "finalize.result.json")
     failed_prepare = prepare_result if prepare_result and prepare_result.exit_code else None
     hosts_dir, members_dir = run / "hosts", run / "members"
     loops = [read_record(hosts_dir / n) for n in (os.listdir(hosts_dir) if hosts_dir.is_dir() else ())]
@@ -53,10 +51,10 @@ def _summary(lobby: Path, run: Path) -> RunSummary:
     return RunSummary(
         run_id=str(info.get("run_id", run.name)),
         created_at=float(info.get("created_at", 0.0)),
-        prepared_by=_who(lobby / "prepare.coordinator.json"),
+        prepared_by=_who(run / "prepare.coordinator.json"),
         claim_loops={b["host"]: b.get("pid", 0) for b in loops if "host" in b},
         members=sorted({m["host"] for m in members if "host" in m}),
-        finalized_by=_who(run / "finalize.coordinator.json"),
+        finalized_by=f"{finalize.host} pid {finalize.pid}" if finalize and finalize.host else "",
         outcome=finalize or read_outcome(run / "abort.json") or failed_prepare,
     )
 

@@ -232,7 +232,8 @@ class Nodes:
         return orjson.loads((self.job.attempt_dir(shard, attempt) / "attempt.json").read_bytes())
 
     def finalize_elected(self) -> bool:
-        return (self.run_dir / "finalize.coordinator.json").exists()
+        """Someone won the generation's finalize election (it is keyed by the done records, not the run)."""
+        return any(self.job.finalize_dir.glob("*/finalize.coordinator.json"))
 
     @staticmethod
     def _ballot_host(path: Path) -> str | None:

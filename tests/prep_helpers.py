@@ -82,7 +82,7 @@ def fake_done(job: JobDir, sid: str, *, attempt: int = 1, host: str = "node-a", 
         rows=data.count(b"\n"),
         bytes=len(data),
         sha256=hashlib.sha256(data).hexdigest(),
-        output=expected_output(sid, attempt),
+        output=expected_output(job, sid, attempt),
         started_at=time.time(),
         finished_at=time.time(),
     )

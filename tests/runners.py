@@ -214,3 +214,11 @@ def story(shard_path: str, output_path: str, job_dir: str) -> None:
     op = {"op": "every_other_row_filter", "kind": "Filter", "rows_in": len(lines), "rows_out": len(kept)}
     record = {"rows_in": len(lines), "rows_out": len(kept), "error_rows": 0, "ops": [{**op, "error_rows": 0}]}
     adir.joinpath("ops.json").write_bytes(orjson.dumps(record))
+
+
+def project(shard_path: str, output_path: str, job_dir: str) -> None:
+    """Tags every row with the recipe's project_name, read from the generation's recipe.yaml (job_dir)."""
+    name = Path(job_dir, "recipe.yaml").read_text().split("project_name:")[1].split()[0]
+    with open(shard_path, "rb") as src, open(output_path, "wb") as out:
+        for line in src:
+            out.write(line.rstrip(b"\n")[:-1] + b', "project": "' + name.encode() + b'"}\n')

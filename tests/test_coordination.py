@@ -173,7 +173,7 @@ def test_strict_split_that_lets_fewer_nodes_finish_is_refused(tmp_path):
     nodes = c.start(["node-0"], "--nodes", "3", "--strict")
     assert finish(nodes) == [2]
     assert "use num_shards=5, a multiple of 3 or any number from 6 up" in last_line(nodes[0])
-    assert not c.job.root.exists()
+    assert os.listdir(c.job.root) == ["runs"] and not c.job.exists()
 
 
 def test_prepare_failure_reaches_every_process(tmp_path):
@@ -183,8 +183,9 @@ def test_prepare_failure_reaches_every_process(tmp_path):
     for n in nodes:
         assert re.match(r"FAIL: prepare failed on host=node-\d: recipe.yaml: unknown key 'procss'$", last_line(n))
     assert count(nodes, "elected as prepare coordinator") == 1
-    assert not c.job.root.exists()  # nothing but the election state beside it
-    assert os.listdir(tmp_path / ".job.runs") == [safe_key("run-1")]
+    assert os.listdir(c.job.root) == ["runs"]  # nothing but the election state, inside the job dir
+    assert os.listdir(c.job.runs_dir) == [safe_key("run-1")]
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]  # nothing beside it
 
 
 def test_terminal_shard_failure_stops_every_process(tmp_path):
@@ -206,7 +207,7 @@ def test_terminal_shard_failure_stops_every_process(tmp_path):
 def test_killed_prepare_coordinator_times_out_then_a_new_run_finishes(tmp_path):
     c = Cluster(tmp_path, rows=60, shards=6)
     nodes = c.start(["node-0", "node-1", "node-2"], "--prepare-sleep", "600", "--wait-timeout", "3", run_id="first")
-    ballot = tmp_path / ".job.runs" / safe_key("first") / "prepare.coordinator.json"
+    ballot = c.job.runs_dir / safe_key("first") / "prepare.coordinator.json"
     wait_for(ballot.exists, timeout=120)
     victim = orjson.loads(ballot.read_bytes())["pid"]
     os.kill(victim, signal.SIGKILL)

@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 import yaml
 
+from data_juicer_elastic.job.layout import JobDir
+
 from .reference import (
     REPO,
     assert_matches_reference,
@@ -116,7 +118,7 @@ def test_command_line_overrides_are_honoured(index_job):
     manifest = json.loads((index_job["job"] / "manifest.json").read_text())
     assert manifest["policy"]["num_shards"] == 3 and len(manifest["shards"]) == 3
     assert manifest["index_keys"] == ["row_idx"] and manifest["media_keys"] == ["images", "audios", "videos"]
-    recipe = yaml.safe_load((index_job["job"] / "recipe.yaml").read_text())
+    recipe = yaml.safe_load(JobDir(index_job["job"]).recipe_path.read_text())
     assert {"text_length_filter": {"min_len": 40}} in recipe["process"]
     assert all(len(r["text"]) >= 40 for r in index_job["merged"])
     for attempt in (index_job["job"] / "attempts").glob("*/*"):
@@ -183,7 +185,7 @@ def test_custom_operator_recipe_matches_one_ray_run(tmp_path):
     reference = run_reference(config, tmp_path / "ref", cwd=tmp_path)
     assert_matches_reference(merged, reference, input_ids(data))
     assert merged and all(r["id"] % 2 == 1 and r["tag"].startswith("len-mod-5-") for r in merged)
-    snapshot = yaml.safe_load((tmp_path / "job" / "recipe.yaml").read_text())
+    snapshot = yaml.safe_load(JobDir(tmp_path / "job").recipe_path.read_text())
     assert snapshot["custom_operator_paths"] == [str(ops)]
 
 

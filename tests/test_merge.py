@@ -170,12 +170,12 @@ def _edit_record(job: JobDir, sid: str, **changes: object) -> None:
         ({"bytes": 1}, "record says 1"),
         ({"sha256": "0" * 64}, "sha256"),
         ({"sha256": "nothex"}, "64 hex digits"),
-        ({"attempt": 2}, "expected 'attempts/part-00001-of-00005/0002/processed.jsonl'"),
+        ({"attempt": 2}, "/attempts/part-00001-of-00005/0002/processed.jsonl'"),
         ({"attempt": "1"}, "attempt is '1'"),
         ({"shard": "part-00000-of-00005"}, "expected 'part-00001-of-00005'"),
         ({"output": "../../../etc/passwd"}, "outside the job directory"),
         ({"output": "/etc/passwd"}, "outside the job directory"),
-        ({"output": "shards/part-00001-of-00005.jsonl"}, "expected 'attempts/"),
+        ({"output": "shards/part-00001-of-00005.jsonl"}, "expected 'generations/"),
     ],
 )
 def test_edited_done_record_is_refused(tmp_path: Path, job: JobDir, changes: dict, message: str) -> None:

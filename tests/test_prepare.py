@@ -37,11 +37,22 @@ def test_layout_and_manifest(tmp_path: Path, data: Path) -> None:
     job_dir = tmp_path / "job"
     result, logs = run(request(data, job_dir, 3))
     assert result.created and result.rows == 200
-    assert sorted(os.listdir(job_dir)) == ["attempts", "manifest.json", "recipe.yaml", "runs", "shards", "state"]
-    assert sorted(os.listdir(job_dir / "state")) == sorted(JobDir.STATE_SUBDIRS)
-    assert all(not os.listdir(job_dir / "state" / d) for d in JobDir.STATE_SUBDIRS)
-    assert os.listdir(job_dir / "attempts") == [] and os.listdir(job_dir / "runs") == []
-    assert (job_dir / "recipe.yaml").read_bytes() == RECIPE
+    assert sorted(os.listdir(job_dir)) == ["current.json", "generations", "manifest.json", "shards"]
+    gen = hashlib.sha256(RECIPE).hexdigest()[:16]
+    gdir = job_dir / "generations" / gen
+    assert os.listdir(job_dir / "generations") == [gen] and JobDir(job_dir).gen_dir == gdir
+    assert sorted(os.listdir(gdir)) == [
+        "attempts",
+        "finalize",
+        "generation.json",
+        "policy.json",
+        "recipe.yaml",
+        "state",
+    ]
+    assert sorted(os.listdir(gdir / "state")) == sorted(JobDir.STATE_SUBDIRS)
+    assert all(not os.listdir(gdir / "state" / d) for d in JobDir.STATE_SUBDIRS)
+    assert os.listdir(gdir / "attempts") == []
+    assert (gdir / "recipe.yaml").read_bytes() == RECIPE
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".")], "staging left behind"
 
     m = JobDir(job_dir).manifest()
@@ -154,8 +165,10 @@ def test_different_request_is_refused_with_what_differs(tmp_path: Path, data: Pa
     run(request(data, job_dir, 16))
     with pytest.raises(UserError, match="num_shards: 16 in job dir, 8 requested"):
         run(request(data, job_dir, 8))
-    with pytest.raises(UserError, match="recipe: sha256"):
-        run(request(data, job_dir, 16, recipe_text=b"process: []\n"))
+    before = shard_bytes(job_dir)
+    result, logs = run(request(data, job_dir, 16, recipe_text=b"process: []\n"))  # a new generation, same shards
+    assert not result.created and "generation" in logs[0] and shard_bytes(job_dir) == before
+    assert len(JobDir(job_dir).generation_ids()) == 2
     with pytest.raises(UserError, match=r"index_keys: \[\] in job dir, \['idx'\] requested"):
         run(request(data, job_dir, 16, index_keys=("idx",)))
     with open(data, "ab") as f:

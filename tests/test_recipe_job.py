@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from data_juicer_elastic.job.layout import JobDir
+
 from .reference import OFFLINE, REPO, dj_process
 
 DJ_ELASTIC = str(Path(sys.executable).parent / "dj-elastic")
@@ -56,7 +58,7 @@ def test_prepare_takes_the_recipe_and_command_line_overrides(demo):
     m = manifest(job)
     assert len(m["shards"]) == 3 and m["policy"]["max_retries"] == 5
     assert m["dataset_path"] == str(demo / "demos/data/text/books.jsonl") and m["total_rows"] == 120
-    snapshot = yaml.safe_load((job / "recipe.yaml").read_text())
+    snapshot = yaml.safe_load(JobDir(job).recipe_path.read_text())
     assert snapshot["executor_type"] == "ray" and "elastic_shard" not in snapshot  # what each shard runs
     assert not (demo / "outputs").exists()  # prepare only writes the job dir
 

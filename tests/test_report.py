@@ -121,8 +121,8 @@ def test_report_of_a_real_job_in_chromium(tmp_path):
     assert codes == [0, 0], logs
     story = "".join(logs)  # the console tells the takeover and the retries
     assert "(taking over attempt 0001 of host=node-c" in story and "(retry after a failure)" in story, story
-    page = job.root / REPORT_NAME
-    assert page.exists(), "the finalize coordinator wrote no report into the job dir"
+    page = job.gen_dir / REPORT_NAME  # one report per generation
+    assert page.exists(), "the finalize coordinator wrote no report into the generation's folder"
     html = page.read_text()
     assert "<script" not in html and not re.search(r"""(src|href)=["']?https?:""", html), (
         "the page must be self-contained"

@@ -12,7 +12,7 @@ import yaml
 from jsonargparse import Namespace
 
 from data_juicer_elastic.errors import IntegrityError, UserError
-from data_juicer_elastic.job.layout import Policy
+from data_juicer_elastic.job.layout import JobDir, Policy
 from data_juicer_elastic.plugin import runner as runner_module
 from data_juicer_elastic.plugin.runner import RayShardRunner, attempt_config, join_parts
 from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
@@ -148,9 +148,10 @@ def test_changed_recipe_snapshot_is_refused(tmp_path):
     data.write_text("".join(json.dumps(r) + "\n" for r in rows(0, 10)))
     recipe = yaml.safe_dump(BASE_RECIPE).encode()
     prepare(PrepareRequest(str(data), str(tmp_path / "job"), recipe, Policy(num_shards=2)), log=lambda _: None)
-    (tmp_path / "job" / "recipe.yaml").write_bytes(recipe + b"np: 3\n")
+    generation = JobDir(tmp_path / "job")
+    generation.recipe_path.write_bytes(recipe + b"np: 3\n")
     with pytest.raises(IntegrityError, match="changed after prepare"):
-        RayShardRunner().prepare_job(str(tmp_path / "job"))
+        RayShardRunner().prepare_job(str(generation.gen_dir))
 
 
 def test_custom_operators_inside_the_job_dir_are_refused(tmp_path):

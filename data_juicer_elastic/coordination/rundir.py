@@ -1,9 +1,10 @@
-"""The run's coordination folders: elections, published outcomes, abort, members.
+"""The run's coordination folder: elections, published outcomes, abort, members.
 
-A run has two: the lobby beside the job dir (``<parent>/.<job-name>.runs/<run-key>/``,
-the prepare election: prepare creates the job dir whole, by one rename) and
-``<job_dir>/runs/<run-key>/`` for everything after. Every record in them is
-published once: the first writer wins and nobody reads a half record.
+A run keeps all of it in ``<job_dir>/runs/<run-key>/``, inside the job dir
+(prepare publishes the shards and the manifest around it); a generation's
+finalize elections use the same records in ``generations/<gen>/finalize/``.
+Every record is published once: the first writer wins and nobody reads a half
+record.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class Outcome:
     host: str = ""
     pid: int = 0
     hosts: dict[str, int] = field(default_factory=dict)
+    generation: str = ""  # a prepare outcome: the generation it prepared
 
     @classmethod
     def from_dict(cls, d: Mapping) -> Outcome:
@@ -39,22 +41,12 @@ class Outcome:
             str(d.get("host", "")),
             int(d.get("pid", 0)),
             dict(d.get("hosts") or {}),
+            str(d.get("generation", "")),
         )
 
 
-def lobbies_dir(job_dir: str | os.PathLike) -> Path:
-    """Prepare elections live beside the job dir: prepare creates the job dir whole, by one rename."""
-    job = Path(os.path.abspath(job_dir))
-    return job.parent / f".{job.name}.runs"
-
-
-def lobby_root(job_dir: str | os.PathLike, run_id: str) -> Path:
-    """Where the prepare election of one run lives."""
-    return lobbies_dir(job_dir) / safe_key(run_id)
-
-
 def run_root(job_dir: str | os.PathLike, run_id: str) -> Path:
-    """Where everything after prepare lives: ``<job_dir>/runs/<run-key>/``."""
+    """Where one run's coordination state lives: ``<job_dir>/runs/<run-key>/``."""
     return Path(os.path.abspath(job_dir)) / "runs" / safe_key(run_id)
 
 

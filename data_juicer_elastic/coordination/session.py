@@ -5,16 +5,20 @@ node). Each process runs ``run_job`` and the processes agree, through the
 shared directory alone, on who does what:
 
 1. the run id names the submission (``resolve_run_id``), so a new submission
-   gets fresh elections and reuses the job directory as it stands;
-2. one process wins the prepare election, validates the recipe and prepares;
-   the others wait for its published outcome. Prepare creates the job dir
-   whole (by one rename), so this election lives beside it, in
-   ``<parent>/.<job-name>.runs/<run-key>/``; a failed prepare leaves only that;
-3. everything after prepare lives in ``<job_dir>/runs/<run-key>/``: one
-   process per host wins that host's election and runs the claim loop with
-   the host's runner (Ray); the others on the host only wait;
-4. once every shard is done, one process wins the finalize election, verifies
-   and merges; everyone exits with the code it published;
+   gets fresh elections and reuses the job directory as it stands; its
+   coordination state lives in ``<job_dir>/runs/<run-key>/``;
+2. one process wins the prepare election, validates the recipe and prepares
+   (the shards once, then the recipe's generation); the others wait for its
+   published outcome, then refuse to work (exit 2, naming what differs) if
+   their own recipe or shard settings differ from what it prepared;
+3. one process per host wins that host's election and runs the claim loop
+   on the generation with the host's runner (Ray); the others only wait;
+4. once every shard of the generation is done, finalize: a generation whose
+   ``merge.json`` records exactly these done records and whose output is
+   still the file it wrote is not merged again; otherwise one process wins
+   the generation's finalize election, keyed by the done records and the
+   merge record rather than the run id (so processes of different runs, or
+   hand-started ones with none, merge once), verifies and merges;
 5. a terminal shard failure or a stalled job publishes one abort record, and
    every process exits 2 with its message.
 
@@ -34,6 +38,7 @@ Nothing here imports Ray or Data-Juicer: the recipe side comes in through
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import signal
@@ -47,15 +52,15 @@ from data_juicer_elastic.coordination.rundir import (
     EXIT_OK,
     Outcome,
     RunDir,
-    lobby_root,
-    read_outcome,
     run_root,
 )
 from data_juicer_elastic.coordination.spec import JobSpec, strict_split_ok
 from data_juicer_elastic.coordination.work import AfterPrepare
 from data_juicer_elastic.errors import ElasticError, UserError
-from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.job.layout import JobDir, generation_id
 from data_juicer_elastic.prepare.driver import prepare
+from data_juicer_elastic.prepare.existing import differences
+from data_juicer_elastic.prepare.generation import recipe_differences
 from data_juicer_elastic.storage.host import hostname
 from data_juicer_elastic.worker.signals import Interrupted, received, signals_raise_interrupted
 
@@ -110,25 +115,46 @@ class _Session:
             + (f" local_rank={rank}" if rank is not None else "")
             + f" job_dir={self.spec.job_dir}"
         )
-        lobby = RunDir.open(lobby_root(self.spec.job_dir, self.run_id), self.run_id, self.host, subdirs=())
-        self.note_replay(lobby)
-        outcome = coordinate(lobby, "prepare", self.do_prepare, self.spec, self.log)
+        run = RunDir.open(run_root(self.spec.job_dir, self.run_id), self.run_id, self.host)
+        self.note_replay(run)
+        outcome = coordinate(run, "prepare", self.do_prepare, self.spec, self.log)
         if outcome.exit_code == EXIT_OK:
-            job = JobDir(self.spec.job_dir)
-            run = RunDir.open(run_root(job.root, self.run_id), self.run_id, self.host)
+            outcome = self.check_same_request(outcome)
+        if outcome.exit_code == EXIT_OK:
+            job = JobDir(self.spec.job_dir, outcome.generation)
             run.register(rank)
             outcome = AfterPrepare(self.spec, self.host, self.log, job, run).work_and_finalize()
         self.log(("PASS: " if outcome.exit_code == EXIT_OK else "FAIL: ") + outcome.message)
         return outcome.exit_code
 
-    def note_replay(self, lobby: RunDir) -> None:
+    def check_same_request(self, prepared: Outcome) -> Outcome:
+        """Refuse to work on what the prepare coordinator prepared when this process was asked for something else."""
+        if prepared.host == self.host and prepared.pid == os.getpid():
+            return prepared
+        request = self.spec.make_prepare_request()
+        job = JobDir(self.spec.job_dir, prepared.generation)
+        diffs = differences(job.manifest(), request, None)
+        if job.manifest().recipe_sha256 != hashlib.sha256(request.recipe_text).hexdigest():
+            theirs = job.recipe_path.read_text(encoding="utf-8", errors="replace")
+            diffs += recipe_differences(theirs, request.recipe_text.decode("utf-8", "replace")) or ["recipe: differs"]
+        if not diffs:
+            return prepared
+        return Outcome(
+            EXIT_FAILED,
+            f"this process's recipe differs from the one this run prepared (run {self.run_id}, prepared by "
+            f"host={prepared.host} pid={prepared.pid}, generation {prepared.generation or '-'}): "
+            + "; ".join(diffs)
+            + ". It does not work on a recipe it was not given: start every process of a run with the same "
+            "recipe; to change the recipe, submit it again as a new run (a new generation reuses the shards)",
+            self.host,
+            os.getpid(),
+        )
+
+    def note_replay(self, run: RunDir) -> None:
         """Say so when this run id already ended: its recorded outcome is all a process will get."""
-        prepared = lobby.read("prepare.result.json")
-        run = run_root(self.spec.job_dir, self.run_id)
+        prepared = run.read("prepare.result.json")
         ended = (
-            (prepared if prepared and prepared.exit_code else None)
-            or read_outcome(run / "finalize.result.json")
-            or read_outcome(run / "abort.json")
+            (prepared if prepared and prepared.exit_code else None) or run.read("finalize.result.json") or run.aborted()
         )
         if ended:
             self.log(
@@ -141,7 +167,15 @@ class _Session:
         self.check_strict_split(request.policy.num_shards)
         result = prepare(request, log=self.log)
         m = result.manifest
-        return Outcome(EXIT_OK, f"prepared {len(m.shards)} shards ({m.total_rows} rows)", self.host, os.getpid())
+        job = JobDir(request.job_dir)
+        gen = "" if job.legacy() else generation_id(hashlib.sha256(request.recipe_text).hexdigest())
+        return Outcome(
+            EXIT_OK,
+            f"prepared {len(m.shards)} shards ({m.total_rows} rows), generation {gen or '-'}",
+            self.host,
+            os.getpid(),
+            generation=gen,
+        )
 
     def check_strict_split(self, shards: int) -> None:
         """Strict participation only works when no ``nodes - 1`` hosts can do every shard alone."""

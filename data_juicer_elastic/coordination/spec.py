@@ -30,15 +30,20 @@ class JobSpec:
     so the job can only finish when all ``nodes`` hosts took part; a missing
     node fails the job once nothing has progressed for ``wait_timeout_secs``.
 
+    ``make_prepare_request`` is also called by every other process once
+    prepare has published, to check it was asked for what was prepared.
+    ``make_runner`` is given the generation's folder (``JobDir(that)`` names it).
+
     ``overwrite_output`` defaults to True because ``export_path`` is the
     recipe's own output, which ``dj-process`` overwrites too; rerunning a
-    finished job then merges the same verified outputs again.
+    finished job does not rewrite it while it is still the file the last merge
+    of the same done records wrote (``merge.merged_already``).
     """
 
     job_dir: str
     export_path: str
     make_prepare_request: Callable[[], PrepareRequest]
-    make_runner: Callable[[], Runner]
+    make_runner: Callable[[str], Runner]
     run_id: str | None = None
     nodes: int | None = None
     require_all_nodes: bool = False

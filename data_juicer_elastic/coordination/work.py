@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from data_juicer_elastic.coordination.elect import coordinate
+from data_juicer_elastic.coordination.finalize import finalize_round
 from data_juicer_elastic.coordination.run_id import safe_key
 from data_juicer_elastic.coordination.rundir import EXIT_FAILED, EXIT_OK, Outcome, RunDir
 from data_juicer_elastic.coordination.spec import JobSpec
@@ -24,7 +25,7 @@ from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.records.done import load_done
 from data_juicer_elastic.job.records.failed import failure_message
 from data_juicer_elastic.job.versions import check_versions
-from data_juicer_elastic.merge import merge, verify
+from data_juicer_elastic.merge import merge, merged_already, verify
 from data_juicer_elastic.report import write_report
 from data_juicer_elastic.status import describe_error_rows, error_rows_by_shard
 from data_juicer_elastic.worker.loop import run_worker
@@ -41,7 +42,7 @@ class AfterPrepare:
     host: str
     log: Log
     job: JobDir
-    run: RunDir  # <job_dir>/runs/<run-key>
+    run: RunDir  # <job_dir>/runs/<run-key>; self.job is the generation this process works on
 
     def work_and_finalize(self) -> Outcome:
         return self.work_phase() or self.finalize_phase()
@@ -65,12 +66,12 @@ class AfterPrepare:
         """Work shards with this host's runner; an outcome only when this process must stop now."""
         try:
             check_versions(self.job.manifest().versions, allow_mismatch=self.spec.allow_version_mismatch)
-            runner = self.spec.make_runner()
+            runner = self.spec.make_runner(str(self.job.gen_dir))
         except Exception as exc:
             return self.run.abort(f"host={self.host} cannot run shards: {type(exc).__name__}: {exc}")
         try:
             result = run_worker(
-                self.job.root,
+                self.job.gen_dir,
                 runner,
                 host=self.host,
                 max_shards=self.shard_quota(),
@@ -142,17 +143,47 @@ class AfterPrepare:
 
     # finalize -----------------------------------------------------------------------------------
     def finalize_phase(self) -> Outcome:
-        return self.run.aborted() or coordinate(self.run, "finalize", self.do_finalize, self.spec, self.log)
+        """Merge the generation once: skip it when already merged, else stand in its finalize election."""
+        aborted = self.run.aborted()
+        if aborted:
+            return aborted
+        # the election's key first, then the check: a merge that ends in between is seen by the check,
+        # one that ends after it has this key, so a process never stands in a second election for it
+        election = finalize_round(self.job, self.spec.export_path, self.run.run_id, self.host)
+        outcome = self.already_merged() or coordinate(election, "finalize", self.do_finalize, self.spec, self.log)
+        return self.run.publish("finalize.result.json", outcome)  # what this run reports
+
+    def already_merged(self) -> Outcome | None:
+        """PASS without writing when the generation's merge record still describes the output."""
+        record = merged_already(self.job, self.spec.export_path)
+        if record is None:
+            return None
+        hosts: dict[str, int] = {}
+        for shard in record["shards"]:
+            hosts[shard["host"]] = hosts.get(shard["host"], 0) + 1
+        listing = ", ".join(f"{h}={n}" for h, n in sorted(hosts.items()))
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.get("finished_at", 0)))
+        return Outcome(
+            EXIT_OK,
+            f"{len(record['shards'])} shards completed by {len(hosts)} host(s): {listing}; {record['rows']} rows "
+            f"merged into {record['output']} (already merged from these done records at {when}; nothing rewritten)",
+            self.host,
+            self.run.pid,
+            hosts,
+        )
 
     def write_report(self) -> None:
         """The job report in the job dir; a report that cannot be written never fails the job."""
         try:
-            self.log(f"job report: {write_report(self.job.root)}")
+            self.log(f"job report: {write_report(self.job.gen_dir)}")
         except Exception as exc:  # the merged output is what matters
             self.log(f"job report not written: {type(exc).__name__}: {exc}")
 
     def do_finalize(self) -> Outcome:
         """Check the records and hosts, then merge (which re-reads and checks every output as it copies)."""
+        done = self.already_merged()  # a round that finished while this one was elected
+        if done:
+            return done
         nodes = self.spec.nodes if self.spec.require_all_nodes else None
         report = verify(self.job, expect_nodes=nodes, check_content=False)
         hosts = dict(report.hosts)

@@ -1,18 +1,31 @@
 """The job directory: its layout, path confinement, and the manifest schema.
 
     <job_dir>/
-      manifest.json                 immutable once published
-      recipe.yaml                   snapshot of the recipe (yaml.safe_load only)
+      manifest.json                 immutable once published: input, row rules, shards
       shards/part-00000-of-00016.jsonl
-      attempts/<shard>/<attempt>/   attempt.json, process.log, work dir, processed.jsonl
-      state/claims/<shard>@<attempt>  one lease file per attempt; heartbeat = mtime
-      state/done/<shard>.json       first publication wins
-      state/failed/<shard>.json     terminal failure after the retry budget
-      state/retry/<shard>.json      attempts up to here no longer count (written by retry)
-      state/history/                what retry archived; nothing is ever deleted
-      state/clock/                  probe files for the server clock
-      runs/<run-key>/               coordination state of one submission
-      merge.json                    what the merge verified and wrote
+      current.json                  the generation the latest submission works on
+      runs/<run-key>/               coordination state of one submission (elections, abort, members)
+      generations/<gen>/            one per recipe (<gen>: the first 16 hex digits of its sha256)
+        generation.json             recipe sha256, created_at (published once)
+        recipe.yaml                 snapshot of the recipe (yaml.safe_load only)
+        policy.json                 run-time policy of the latest submission of this recipe
+        attempts/<shard>/<attempt>/ attempt.json, process.log, work dir, processed.jsonl
+        state/claims/<shard>@<attempt>  one lease file per attempt; heartbeat = mtime
+        state/done/<shard>.json     first publication wins
+        state/failed/<shard>.json   terminal failure after the retry budget
+        state/retry/<shard>.json    attempts up to here no longer count (written by retry)
+        state/history/              what retry archived; nothing is ever deleted
+        state/clock/                probe files for the server clock
+        finalize/<key>/             the finalize election of one set of done records
+        merge.json                  what the merge verified and wrote
+
+The shards depend only on the input, the shard count and the row rules; the
+ops live in a generation, so a changed recipe reuses the shards and keeps its
+own attempts, records and merge. A ``JobDir`` is one generation of one job:
+``JobDir(root)`` is the current generation, ``JobDir(root, gen)`` or
+``JobDir("<root>/generations/<gen>")`` a named one, and its ``manifest()``
+carries that generation's recipe sha256 and policy. A schema-3 job dir (made
+before generations) is read as one generation at the top of the job dir.
 
 Every path read from a record is confined to the job directory: absolute
 paths and ``..`` are refused, never followed. The manifest carries a digest of
@@ -32,8 +45,16 @@ from typing import Any
 from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.storage.files import dumps_json, read_json
 
-SCHEMA_VERSION = 3  # 2: the manifest carries its digest; 3: inputs fingerprinted per source range
+SCHEMA_VERSION = 4  # 2: the manifest carries its digest; 3: inputs fingerprinted per source range; 4: generations
+LEGACY_SCHEMA = 3  # readable: its one generation lives at the top of the job dir
 SHARD_ID_RE = re.compile(r"^part-(\d{5})-of-(\d{5})$")
+GENERATION_RE = re.compile(r"^[0-9a-f]{16}$")
+GENERATIONS = "generations"
+
+
+def generation_id(recipe_sha256: str) -> str:
+    """A generation is named by its recipe: the same recipe always works in the same generation."""
+    return recipe_sha256[:16]
 
 
 def shard_id(index: int, count: int) -> str:
@@ -119,7 +140,7 @@ class Manifest:
     @classmethod
     def from_dict(cls, d: dict[str, Any], where: str = "manifest.json") -> Manifest:
         try:
-            if d.get("schema_version") != SCHEMA_VERSION:
+            if d.get("schema_version") not in (SCHEMA_VERSION, LEGACY_SCHEMA):
                 raise IntegrityError(
                     f"{where}: schema_version {d.get('schema_version')!r} is not {SCHEMA_VERSION}; "
                     "prepare the job again with this version of data-juicer-elastic"
@@ -171,16 +192,105 @@ def confine(root: Path, rel: str, what: str = "path") -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class Generation:
+    """One recipe's run over the job's shards (``generations/<id>/generation.json``)."""
+
+    id: str
+    recipe_sha256: str
+    created_at: float = 0.0
+
+
 @dataclass
 class JobDir:
-    """Paths of one job directory. Creating this object touches nothing on disk."""
+    """Paths of one generation of one job directory. Creating this object touches nothing on disk.
+
+    ``root`` is the job directory (manifest, shards, runs); ``gen_dir`` holds
+    everything the generation's ops produce. ``str(job.gen_dir)`` names this
+    generation to another process (``JobDir(that path)``).
+    """
 
     root: Path
     _manifest: Manifest | None = field(default=None, repr=False)
 
-    def __init__(self, root: str | os.PathLike) -> None:
-        self.root = Path(os.path.abspath(root))
+    def __init__(self, root: str | os.PathLike, generation: str | None = None) -> None:
+        path = Path(os.path.abspath(root))
+        if generation is None and path.parent.name == GENERATIONS and (path.parent.parent / "manifest.json").exists():
+            path, generation = path.parent.parent, path.name
+        self.root = path
+        self._generation = generation
         self._manifest = None
+        self._raw: Manifest | None = None
+
+    # generations ----------------------------------------------------------
+    @property
+    def generations_dir(self) -> Path:
+        return self.root / GENERATIONS
+
+    @property
+    def current_path(self) -> Path:
+        return self.root / "current.json"
+
+    def legacy(self) -> bool:
+        """A schema-3 job dir: one generation, at the top of the job dir (told by its layout, not its manifest)."""
+        return (self.root / "state").is_dir()
+
+    @property
+    def generation(self) -> str:
+        """This object's generation id: the one named, else the current one.
+
+        "" for a schema-3 job dir, and (not remembered) while the job has no generation yet.
+        """
+        if self._generation is None:
+            gen = "" if self.legacy() else self._current()
+            if not gen and not self.legacy():
+                return ""
+            self._generation = gen
+        return self._generation
+
+    def _current(self) -> str:
+        try:
+            gen = read_json(self.current_path).get("generation", "")
+        except (OSError, ValueError, AttributeError):
+            gen = ""
+        if not gen:
+            known = self.generation_ids()
+            gen = known[-1] if known else ""
+        return gen
+
+    def _no_generation(self) -> UserError:
+        return UserError(f"{self.root}: no generation yet; run the job (dj-process) or `dj-elastic prepare` first")
+
+    def generation_ids(self) -> list[str]:
+        """Every generation of this job, oldest first."""
+        if not self.generations_dir.is_dir():
+            return []
+        gens = [g for g in os.listdir(self.generations_dir) if GENERATION_RE.match(g)]
+        return sorted(gens, key=lambda g: (self._generation_record(g).created_at, g))
+
+    def _generation_record(self, gen: str) -> Generation:
+        try:
+            raw = read_json(self.generations_dir / gen / "generation.json")
+            return Generation(gen, raw["recipe_sha256"], raw.get("created_at", 0.0))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise IntegrityError(
+                f"{self.generations_dir / gen / 'generation.json'}: missing or unreadable ({exc!r}); "
+                "name another generation or run the job again"
+            ) from exc
+
+    @property
+    def gen_dir(self) -> Path:
+        gen = self.generation
+        if not gen:  # a schema-3 job dir; or none yet: a folder that never exists, so pollers see nothing
+            return self.root if self.legacy() else self.generations_dir / ".none-yet"
+        if not GENERATION_RE.match(gen) or not (self.generations_dir / gen).is_dir():
+            known = ", ".join(self.generation_ids()) or "none"
+            raise UserError(f"{self.root}: no generation {gen!r} (generations: {known}); name one of these")
+        return self.generations_dir / gen
+
+    @property
+    def policy_path(self) -> Path:
+        return self.gen_dir / "policy.json"
 
     # layout ---------------------------------------------------------------
     @property
@@ -189,7 +299,7 @@ class JobDir:
 
     @property
     def recipe_path(self) -> Path:
-        return self.root / "recipe.yaml"
+        return self.gen_dir / "recipe.yaml"
 
     @property
     def shards_dir(self) -> Path:
@@ -197,11 +307,11 @@ class JobDir:
 
     @property
     def attempts_dir(self) -> Path:
-        return self.root / "attempts"
+        return self.gen_dir / "attempts"
 
     @property
     def state_dir(self) -> Path:
-        return self.root / "state"
+        return self.gen_dir / "state"
 
     @property
     def claims_dir(self) -> Path:
@@ -232,8 +342,12 @@ class JobDir:
         return self.root / "runs"
 
     @property
+    def finalize_dir(self) -> Path:
+        return self.gen_dir / "finalize"
+
+    @property
     def merge_record_path(self) -> Path:
-        return self.root / "merge.json"
+        return self.gen_dir / "merge.json"
 
     STATE_SUBDIRS = ("claims", "done", "failed", "retry", "history", "clock")
 
@@ -263,32 +377,67 @@ class JobDir:
     def confine(self, rel: str, what: str = "path") -> Path:
         return confine(self.root, rel, what)
 
+    def relative(self, path: Path) -> str:
+        """``path`` as records store it: relative to the job directory."""
+        return str(path.relative_to(self.root))
+
     # manifest -------------------------------------------------------------
     def exists(self) -> bool:
         return self.manifest_path.exists()
 
     def manifest(self) -> Manifest:
-        """Load and check the manifest once; later calls reuse it (it is immutable)."""
+        """The manifest with this generation's recipe sha256 and policy, loaded and checked once."""
         if self._manifest is None:
-            if not self.manifest_path.exists():
-                raise UserError(
-                    f"{self.root}: no manifest.json; run `dj-elastic prepare` (or dj-process) for this job first"
-                )
-            try:
-                raw = read_json(self.manifest_path)
-            except ValueError as exc:
-                raise IntegrityError(f"{self.manifest_path}: not valid JSON ({exc}); prepare the job again") from exc
-            if not isinstance(raw, dict):
-                raise IntegrityError(f"{self.manifest_path}: not a JSON object; prepare the job again")
-            m = Manifest.from_dict(raw, str(self.manifest_path))
-            if raw.get("digest") != manifest_digest(raw):
-                raise IntegrityError(
-                    f"{self.manifest_path}: was edited after prepare (its content does not match its digest); "
-                    "restore it, or prepare the job again in a new job dir"
-                )
-            self._check(m)
+            m = self._raw_manifest()
+            if not self.generation and not self.legacy():
+                raise self._no_generation()
+            if self.generation:
+                record = self._generation_record(self.generation)
+                m = dataclasses.replace(m, recipe_sha256=record.recipe_sha256, policy=self._policy(m.policy))
             self._manifest = m
         return self._manifest
+
+    def _policy(self, prepared: Policy) -> Policy:
+        """The generation's run-time policy (its latest submission's); the shard count never changes."""
+        try:
+            raw = read_json(self.policy_path)
+            policy = Policy(**raw)
+        except FileNotFoundError:
+            return prepared
+        except (OSError, ValueError, TypeError) as exc:
+            raise IntegrityError(f"{self.policy_path}: unreadable policy ({exc!r}); run the job again") from exc
+        if policy.num_shards != prepared.num_shards:
+            raise IntegrityError(f"{self.policy_path}: num_shards {policy.num_shards} is not the manifest's")
+        return policy
+
+    def _raw_manifest(self) -> Manifest:
+        """manifest.json as published (cached: it is immutable)."""
+        if self._raw is not None:
+            return self._raw
+        if not self.manifest_path.exists():
+            raise UserError(
+                f"{self.root}: no manifest.json; run `dj-elastic prepare` (or dj-process) for this job first"
+            )
+        try:
+            raw = read_json(self.manifest_path)
+        except ValueError as exc:
+            raise IntegrityError(f"{self.manifest_path}: not valid JSON ({exc}); prepare the job again") from exc
+        if not isinstance(raw, dict):
+            raise IntegrityError(f"{self.manifest_path}: not a JSON object; prepare the job again")
+        m = Manifest.from_dict(raw, str(self.manifest_path))
+        if raw.get("digest") != manifest_digest(raw):
+            raise IntegrityError(
+                f"{self.manifest_path}: was edited after prepare (its content does not match its digest); "
+                "restore it, or prepare the job again in a new job dir"
+            )
+        if (m.schema_version == LEGACY_SCHEMA) != self.legacy():
+            raise IntegrityError(
+                f"{self.manifest_path}: schema_version {m.schema_version} does not match the job dir's layout "
+                "(state/ at the top is schema 3, generations/ is schema 4); restore it, or prepare a new job dir"
+            )
+        self._check(m)
+        self._raw = m
+        return m
 
     def _check(self, m: Manifest) -> None:
         n = len(m.shards)

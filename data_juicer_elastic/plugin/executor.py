@@ -81,7 +81,7 @@ def prepare_request(cfg: Any, recipe_text: str) -> PrepareRequest:
 
 
 def make_runner(job_dir: str) -> RayShardRunner:
-    """This host's runner, started now (Ray, custom operators, recipe) so a broken node fails fast."""
+    """This host's runner for one generation's folder, started now (Ray, custom operators, recipe) to fail fast."""
     runner = RayShardRunner(ray_address=JobDir(job_dir).manifest().policy.ray_address)
     runner.prepare_job(job_dir)
     return runner
@@ -94,7 +94,7 @@ def job_spec(cfg: Any, recipe_text: str) -> JobSpec:
         job_dir=job_dir,
         export_path=os.path.abspath(cfg.export_path),
         make_prepare_request=lambda: prepare_request(cfg, recipe_text),
-        make_runner=lambda: make_runner(job_dir),
+        make_runner=make_runner,
         run_id=settings.run_id,
         nodes=settings.nodes,
         require_all_nodes=settings.require_all_nodes,

@@ -326,7 +326,7 @@ class RayShardRunner:
             )
         operator_paths = [os.path.abspath(p) for p in recipe.get("custom_operator_paths") or []]
         for path in operator_paths:
-            if os.path.realpath(path).startswith(os.path.realpath(key) + os.sep):
+            if os.path.realpath(path).startswith(os.path.realpath(job.root) + os.sep):
                 raise UserError(f"custom_operator_paths entry {path} lies inside the job directory; refusing to run it")
         self._started_ray |= start_ray(self.ray_address, operator_paths)
         load_custom_operators_once(operator_paths)

@@ -1,23 +1,28 @@
 """Prepare: split a JSONL dataset into a job directory of validated, byte-balanced shards.
 
-The job directory is built whole in a staging folder beside it and renamed
-into place, so it appears complete or not at all. The input is read once:
+The shards and the manifest are built in a staging folder inside the job dir
+(beside the coordination's ``runs/``); its ``shards/`` is renamed into place,
+then its manifest is linked: ``manifest.json`` marks a prepared job, and a
+prepare killed between the two steps is completed by the next one
+(prep_staging). The input is read once:
 shard boundaries come from file sizes plus a few small seeks (prep_split),
 then each shard's byte ranges are validated, normalised, written and hashed
 in one pass, one shard per worker (prep_shards); the same pass gives each
 input range's sha256, and a stat of every input before and after tells a
-changed input. Repeating an identical request is a cheap no-op
-(stat only); a different one is refused with what differs.
+changed input. The recipe is not part of the shards: every request gets its
+recipe's generation (prep_generation). Repeating a request with the same
+input, shard count and row rules is a cheap no-op (stat only; an input whose
+mtime moved is re-hashed against its range digests); a different one is
+refused with the keys that differ (prep_existing).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,9 +33,11 @@ import yaml
 from data_juicer_elastic.errors import UserError
 from data_juicer_elastic.job.layout import InputFile, JobDir, Manifest, Policy, ShardSource, ShardSpec, shard_id
 from data_juicer_elastic.jsonl import RowRules
+from data_juicer_elastic.prepare.existing import confirm_existing
+from data_juicer_elastic.prepare.generation import ensure_generation
 from data_juicer_elastic.prepare.inputs import (
+    STAGING_MARK,
     Dataset,
-    InputSpec,
     Materialised,
     changed_error,
     check_unchanged,
@@ -47,7 +54,7 @@ from data_juicer_elastic.prepare.shards import (
     write_shard,
 )
 from data_juicer_elastic.prepare.split import Piece, Stream, TooFewRows, plan
-from data_juicer_elastic.prepare.staging import Staging
+from data_juicer_elastic.prepare.staging import Staging, complete_publication
 from data_juicer_elastic.progress import ProgressBar
 from data_juicer_elastic.storage.files import atomic_write, disk_full_in, dumps_json, fsync_dir, no_space_error
 
@@ -86,9 +93,10 @@ def prepare(
     started = time.monotonic()
     recipe_sha = _check_request(req)
     job = JobDir(req.job_dir)
+    if not job.exists():
+        _refuse_occupied(job.root)
     if job.exists():
-        return _confirm_existing(job, req, recipe_sha, started, log)
-    _refuse_occupied(job.root)
+        return _existing(job, req, recipe_sha, started, log)
     dataset = discover(req.dataset_path, exclude=(str(job.root),))
     if note := dataset.skipped_note():
         log(note)
@@ -97,11 +105,13 @@ def prepare(
             built = _Build(req, dataset, staging.path, recipe_sha, progress, jobs).run()
             if not staging.publish():
                 staging.discard()
-                return _confirm_existing(JobDir(req.job_dir), req, recipe_sha, started, log)
+                complete_publication(job.root)
+                return _existing(JobDir(req.job_dir), req, recipe_sha, started, log)
     except Exception as exc:
         if full := disk_full_in(exc):  # the staging folder is gone: nothing was published
             raise no_space_error(job.root, full, "preparing the job dir (nothing was published)") from exc
         raise
+    ensure_generation(job, req.recipe_text, recipe_sha, req.policy, log=lambda *_: None)
     seconds = time.monotonic() - started
     mb = built.data_bytes / 1e6
     log(
@@ -132,66 +142,27 @@ def _check_request(req: PrepareRequest) -> str:
     return hashlib.sha256(req.recipe_text).hexdigest()
 
 
+def _existing(
+    job: JobDir, req: PrepareRequest, recipe_sha: str, started: float, log: Callable[[str], Any]
+) -> PrepareResult:
+    m = confirm_existing(job, req, recipe_sha, log)
+    return PrepareResult(m, False, m.total_rows, m.total_bytes, time.monotonic() - started)
+
+
 def _refuse_occupied(root: Path) -> None:
+    """A job dir without a manifest may hold only coordination state and staging folders."""
     if not os.path.lexists(root):
         return
     if not root.is_dir():
         raise UserError(f"{root}: exists and is not a directory; choose another job dir")
-    entries = sorted(os.listdir(root))
+    if complete_publication(root):
+        return
+    entries = sorted(e for e in os.listdir(root) if e != "runs" and not e.startswith(STAGING_MARK))
     if entries:
         shown = ", ".join(entries[:5]) + (" ..." if len(entries) > 5 else "")
         raise UserError(
             f"{root}: exists, is not empty ({shown}) and holds no manifest.json; choose a new or empty job dir"
         )
-
-
-# the no-op / refusal path ---------------------------------------------------
-def _confirm_existing(
-    job: JobDir, req: PrepareRequest, recipe_sha: str, started: float, log: Callable[[str], Any]
-) -> PrepareResult:
-    m = job.manifest()
-    dataset = discover(req.dataset_path, exclude=(str(job.root),))
-    diffs = differences(m, req, dataset, recipe_sha)
-    if diffs:
-        listing = "\n  - ".join(diffs)
-        raise UserError(
-            f"{job.root} was prepared from a different request:\n  - {listing}\n"
-            "use a new job dir for the new request (or remove this one to start over)"
-        )
-    log(
-        f"{job.root}: already prepared from this request ({m.total_rows:,} rows, {len(m.shards)} shards); nothing to do"
-    )
-    return PrepareResult(m, False, m.total_rows, m.total_bytes, time.monotonic() - started)
-
-
-def differences(m: Manifest, req: PrepareRequest, dataset: Dataset, recipe_sha: str) -> list[str]:
-    """What differs between a manifest and a request, cheaply (stat only, no hashing)."""
-    diffs = []
-    if m.dataset_path != dataset.root:
-        diffs.append(f"dataset_path: {m.dataset_path} in job dir, {dataset.root} requested")
-    if m.recipe_sha256 != recipe_sha:
-        diffs.append(f"recipe: sha256 {m.recipe_sha256[:12]}… in job dir, {recipe_sha[:12]}… requested")
-    old_policy, new_policy = dataclasses.asdict(m.policy), dataclasses.asdict(req.policy)
-    for key in old_policy:
-        if old_policy[key] != new_policy[key]:
-            diffs.append(f"{key}: {old_policy[key]!r} in job dir, {new_policy[key]!r} requested")
-    for key in ("media_keys", "index_keys"):
-        if tuple(getattr(m, key)) != tuple(getattr(req, key)):
-            diffs.append(f"{key}: {list(getattr(m, key))} in job dir, {list(getattr(req, key))} requested")
-    diffs.extend(_file_differences(m.files, dataset.inputs))
-    return diffs
-
-
-def _file_differences(old: Iterable[InputFile], new: Iterable[InputSpec]) -> list[str]:
-    before = {f.path: (f.size, f.mtime_ns) for f in old}
-    now = {s.rel: (s.seen.size, s.seen.mtime_ns) for s in new}
-    out = [f"input {p}: gone since prepare" for p in before if p not in now]
-    out += [f"input {p}: new since prepare" for p in now if p not in before]
-    for p in before.keys() & now.keys():
-        (s0, t0), (s1, t1) = before[p], now[p]
-        if (s0, t0) != (s1, t1):
-            out.append(f"input {p}: changed since prepare (size {s0} -> {s1}, mtime_ns {t0} -> {t1})")
-    return sorted(out)[:10] + ([f"... and {len(out) - 10} more input changes"] if len(out) > 10 else [])
 
 
 # the build ------------------------------------------------------------------
@@ -334,11 +305,6 @@ class _Build:
 
     def _write_layout(self, manifest: Manifest) -> None:
         shutil.rmtree(self.staging / ".inputs")
-        for sub in ("attempts", "runs", "state"):
-            (self.staging / sub).mkdir()
-        for sub in JobDir.STATE_SUBDIRS:
-            (self.staging / "state" / sub).mkdir()
-        atomic_write(self.staging / "recipe.yaml", self.req.recipe_text)
         fsync_dir(self.staging / "shards")
         atomic_write(self.staging / "manifest.json", dumps_json(manifest.to_dict()))
 

@@ -1,4 +1,12 @@
-"""The staging folder: the job dir is built beside its target and appears by one rename, or not at all."""
+"""The staging folder: the prepared job is built inside the job dir and appears whole, or not at all.
+
+The job dir may exist before prepare (the coordination's ``runs/`` lives in
+it), so the staging folder is a hidden folder inside it. Publishing renames
+its ``shards/`` into place (the step that decides between racing prepares),
+then links its ``manifest.json``, the mark of a prepared job. A prepare killed
+between the two leaves a staging folder with a manifest and no shards:
+``complete_publication`` links that manifest for it.
+"""
 
 from __future__ import annotations
 
@@ -9,22 +17,22 @@ from pathlib import Path
 
 from data_juicer_elastic.errors import UserError
 from data_juicer_elastic.prepare.inputs import STAGING_MARK
-from data_juicer_elastic.storage.files import fsync_dir
+from data_juicer_elastic.storage.files import fsync_dir, publish_once
 from data_juicer_elastic.storage.host import hostname
 
 
 class Staging:
-    """A folder beside the job dir that becomes it by one rename, or disappears."""
+    """A folder inside the job dir whose shards and manifest are published into it, or that disappears."""
 
     def __init__(self, target: Path) -> None:
         self.target = target
         token = f"{hostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.path = target.parent / f".{target.name}{STAGING_MARK}{token}"
+        self.path = target / f"{STAGING_MARK}{token}"
         self._published = False
         self._made_parents: list[Path] = []
 
     def __enter__(self) -> Staging:
-        self._made_parents = _make_parents(self.target.parent)
+        self._made_parents = _make_parents(self.target)
         try:
             os.mkdir(self.path)
         except OSError as exc:
@@ -36,17 +44,21 @@ class Staging:
         return self
 
     def publish(self) -> bool:
-        """Rename into place; False when another prepare got there first."""
+        """Rename the shards into place, then link the manifest; False when another prepare got there first."""
+        fsync_dir(self.path)
         try:
-            os.rename(self.path, self.target)
+            os.rename(self.path / "shards", self.target / "shards")
         except OSError as exc:
-            if os.path.isdir(self.target) and os.listdir(self.target):
+            if os.path.isdir(self.target / "shards"):
                 return False
             raise UserError(
-                f"{self.target}: cannot create the job dir ({exc.strerror}); check the path and permissions"
+                f"{self.target}: cannot publish the shards ({exc.strerror}); check the path and permissions"
             ) from exc
         self._published = True
-        fsync_dir(self.target.parent)
+        fsync_dir(self.target)
+        publish_once(self.target / "manifest.json", (self.path / "manifest.json").read_bytes())
+        fsync_dir(self.target)
+        self.discard()
         return True
 
     def discard(self) -> None:
@@ -65,6 +77,21 @@ class Staging:
                 os.rmdir(made)
             except OSError:
                 break
+
+
+def complete_publication(root: Path) -> bool:
+    """Link the manifest of a prepare that published its shards but not yet its manifest; True if one is there."""
+    if (root / "manifest.json").exists():
+        return True
+    if not (root / "shards").exists():
+        return False
+    for name in sorted(os.listdir(root)):
+        staged = root / name
+        if name.startswith(STAGING_MARK) and (staged / "manifest.json").exists() and not (staged / "shards").exists():
+            publish_once(root / "manifest.json", (staged / "manifest.json").read_bytes())
+            shutil.rmtree(staged, ignore_errors=True)
+            return True
+    return False
 
 
 def _make_parents(parent: Path) -> list[Path]:

@@ -119,7 +119,7 @@ def collect(job_dir: str | os.PathLike, now: float | None = None) -> JobReport:
         if manifest
         else "not prepared"
     )
-    merge = read_record(job.root / "merge.json")
+    merge = read_record(job.merge_record_path)
     return JobReport(str(job.root), now, shards, attempts, state, notes, merge)
 
 

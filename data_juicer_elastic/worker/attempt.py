@@ -93,7 +93,7 @@ class Attempt:
                 shard = verified_shard(self.job, self.lease.shard)
                 self.stopper.arm()
                 try:
-                    self.runner(str(shard), str(self.output), str(self.job.root))
+                    self.runner(str(shard), str(self.output), str(self.job.gen_dir))  # names the generation
                 finally:
                     self.stopper.disarm()
                 digest = inspect_output(self.output)

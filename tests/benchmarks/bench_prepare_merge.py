@@ -117,7 +117,7 @@ def identity_done(job: JobDir) -> None:
             rows=spec.rows,
             bytes=spec.bytes,
             sha256=spec.sha256,
-            output=expected_output(spec.id, 1),
+            output=expected_output(job, spec.id, 1),
             started_at=time.time(),
             finished_at=time.time(),
         )

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from data_juicer_elastic.errors import IntegrityError
-from data_juicer_elastic.job.layout import JobDir, attempt_name
+from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.records._read import MISSING, int_or, load_object, number_or_none
 from data_juicer_elastic.storage.files import dumps_json, publish_once
 
@@ -30,7 +30,7 @@ class DoneRecord:
     rows: int
     bytes: int
     sha256: str
-    output: str  # attempts/<shard>/<attempt>/processed.jsonl, relative to the job dir
+    output: str  # generations/<gen>/attempts/<shard>/<attempt>/processed.jsonl, relative to the job dir
     pid: int = 0
     started_at: float | None = None
     finished_at: float | None = None
@@ -64,8 +64,9 @@ class DoneRecord:
         )
 
 
-def expected_output(shard: str, attempt: int) -> str:
-    return f"attempts/{shard}/{attempt_name(attempt)}/processed.jsonl"
+def expected_output(job: JobDir, shard: str, attempt: int) -> str:
+    """Where the attempt's output is, relative to the job dir (inside its generation's folder)."""
+    return job.relative(job.attempt_output(shard, attempt))
 
 
 def publish_done(job: JobDir, record: DoneRecord) -> bool:
@@ -105,9 +106,10 @@ def _checked(job: JobDir, shard: str, raw: Any, path: Path) -> DoneRecord:
     if not isinstance(host, str) or not host:
         raise bad(f"host is {host!r}, expected a host name")
     output = raw.get("output")
-    if output != expected_output(shard, raw["attempt"]):
+    expected = expected_output(job, shard, raw["attempt"])
+    if output != expected:
         job.confine(output, f"done record {path.name} output")  # outside the job dir: say so first
-        raise bad(f"output is {output!r}, expected {expected_output(shard, raw['attempt'])!r}")
+        raise bad(f"output is {output!r}, expected {expected!r}")
     return DoneRecord(
         shard,
         raw["attempt"],

@@ -75,5 +75,9 @@ def failure_message(job: JobDir, sid: str) -> str:
     return (
         f"shard {sid} failed terminally on host={rec.host} after {rec.failures} failure(s): "
         f"{one_line(rec.error)}; see {log}; fix the cause, then "
-        f"`dj-elastic retry --job-dir {job.root} --shard-id {sid}` and submit the job again"
+        f"`dj-elastic retry --job-dir {job.root}{_generation_arg(job)} --shard-id {sid}` and submit the job again"
     )
+
+
+def _generation_arg(job: JobDir) -> str:
+    return f" --generation {job.generation}" if job.generation else ""
