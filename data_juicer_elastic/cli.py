@@ -43,6 +43,9 @@ def _parser() -> ArgumentParser:
     p.add_argument("--allow-version-mismatch", action="store_true")
     p.add_argument("--ray-address", default=None, help="override the manifest's node-local Ray address")
     p.add_argument("--stop-when-idle", action="store_true", help="exit 1 instead of waiting on others' leases")
+    p.add_argument(
+        "--prefetch-shards", type=int, default=1, help="shards claimed and read in ahead of the one running (0: none)"
+    )
     sub.add_subcommand("worker", p, help="claim and run shards")
 
     p = ArgumentParser(description="Show shard states, hosts, progress.")
@@ -93,7 +96,11 @@ def cmd_worker(a: Namespace) -> int:
         from data_juicer_elastic.plugin.runner import RayShardRunner
 
         runner = RayShardRunner(ray_address=a.ray_address or job.manifest().policy.ray_address)
-    result = run_worker(job.root, runner, max_shards=a.max_shards, stop_when_idle=a.stop_when_idle)
+    if a.prefetch_shards < 0:
+        raise UserError(f"--prefetch-shards must be 0 or more, got {a.prefetch_shards}")
+    result = run_worker(
+        job.root, runner, max_shards=a.max_shards, stop_when_idle=a.stop_when_idle, prefetch=a.prefetch_shards
+    )
     print(f"worker exit {result.exit_code}: {result.message}", file=sys.stderr if result.exit_code else sys.stdout)
     return result.exit_code
 

@@ -13,7 +13,6 @@ from jsonargparse import Namespace
 
 from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.job.layout import Policy
-from data_juicer_elastic.plugin import runner as runner_module
 from data_juicer_elastic.plugin import shard_io
 from data_juicer_elastic.plugin.runner import RayShardRunner, attempt_config, join_parts
 from data_juicer_elastic.prepare.driver import PrepareRequest, prepare

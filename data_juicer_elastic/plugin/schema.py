@@ -29,6 +29,7 @@ class ElasticShardSettings:
     nodes: int | None = None
     require_all_nodes: bool = False
     max_shards: int | None = None
+    prefetch_shards: int = 1
     ray_address: str = "local"
     allow_version_mismatch: bool = False
 
@@ -61,6 +62,11 @@ _ARGS: dict[str, tuple[Any, str]] = {
     "nodes": (Optional[PositiveInt], "Number of nodes expected to take part in this submission."),
     "require_all_nodes": (bool, "Fail unless all `nodes` nodes join the submission."),
     "max_shards": (Optional[PositiveInt], "Stop this node's worker after it completed this many shards."),
+    "prefetch_shards": (
+        NonNegativeInt,
+        "Shards a worker claims and reads in ahead of the one it processes, so its node never waits "
+        "between shards (0: one shard at a time). Each holds a lease and counts toward max_shards.",
+    ),
     "ray_address": (
         str,
         "Node-local Ray runtime each worker uses: 'local' starts one per worker process; "

@@ -211,6 +211,8 @@ class Worker:
         workers = []
         for sid, attempt in busy:
             info = read_record(self.job.attempt_dir(sid, attempt) / "attempt.json")
+            if info.get("host") == self.host and info.get("pid") == os.getpid():
+                continue  # this worker's own prefetched attempts: its backlog below counts them
             pace, claimed_at = info.get("pace"), info.get("claimed_at")
             if (
                 isinstance(pace, (int, float))
@@ -219,7 +221,7 @@ class Worker:
                 and not info.get("final")
             ):
                 workers.append(BusyWorker(float(pace), max(now - claimed_at, 0.0)))
-        turn = should_claim(self.pace.seconds, workers, claimable)
+        turn = should_claim(self.pace.seconds, workers, claimable, self.backlog())
         if not turn and not self._waiting:
             self.log(
                 f"leaving the last {claimable} shard(s) to faster workers "
@@ -227,6 +229,10 @@ class Worker:
             )
         self._waiting = not turn
         return turn
+
+    def backlog(self) -> float:
+        """Seconds of claimed work this worker has before it could start a shard claimed now."""
+        return 0.0
 
     # running ------------------------------------------------------------------
     def run(self) -> WorkerResult:
@@ -282,18 +288,7 @@ class Worker:
         )
 
     def _run_attempt(self, lease: Lease, final: bool) -> str:
-        info = {
-            "shard": lease.shard,
-            "attempt": lease.attempt,
-            "host": self.host,
-            "pid": os.getpid(),
-            "token": lease.token,
-            "started_at": time.time(),
-            "outcome": "running",
-            "claimed_at": lease.claimed_at,
-            "pace": self.pace.seconds,
-            "final": final,
-        }
+        info = self._attempt_info(lease, final)
         t0 = time.monotonic()
         try:
             outcome = self._attempt(lease, info)
@@ -305,6 +300,21 @@ class Worker:
         except ElasticError:  # a tampered job dir: nothing ran, so the shard is left claimable
             self.store.release(lease)
             raise
+
+    def _attempt_info(self, lease: Lease, final: bool) -> dict:
+        """The attempt record as it is written when the attempt starts."""
+        return {
+            "shard": lease.shard,
+            "attempt": lease.attempt,
+            "host": self.host,
+            "pid": os.getpid(),
+            "token": lease.token,
+            "started_at": time.time(),
+            "outcome": "running",
+            "claimed_at": lease.claimed_at,
+            "pace": self.pace.seconds,
+            "final": final,
+        }
 
     def _attempt(self, lease: Lease, info: dict) -> str:
         sid, attempt = lease.shard, lease.attempt
@@ -328,7 +338,12 @@ class Worker:
             if full := disk_full_in(exc):
                 raise _NoSpace(output, full) from exc
             return self._attempt_failed(lease, adir, info, exc)
-        if heartbeat.superseded.is_set() or not self.store.is_current(lease):
+        return self._conclude(lease, adir, info, output, digest, heartbeat.superseded.is_set())
+
+    def _conclude(self, lease: Lease, adir: Path, info: dict, output: Path, digest, superseded: bool) -> str:
+        """Publish a verified output as done, unless the lease was lost meanwhile (superseded)."""
+        sid, attempt = lease.shard, lease.attempt
+        if superseded or not self.store.is_current(lease):
             self._finish(adir, info, "superseded", "lease taken over by a later attempt; output not published")
             self.log(f"{sid} attempt {attempt_name(attempt)} superseded; not publishing")
             return "superseded"
@@ -487,6 +502,14 @@ def _raise_interrupted(signum: int, frame: object) -> None:
     raise Interrupted(signum)
 
 
-def run_worker(job_dir: str | os.PathLike, runner: Runner, **options) -> WorkerResult:
-    """Run the claim loop until the job is complete, failed, or a limit is reached."""
+def run_worker(job_dir: str | os.PathLike, runner: Runner, *, prefetch: int = 0, **options) -> WorkerResult:
+    """Run the claim loop until the job is complete, failed, or a limit is reached.
+
+    ``prefetch`` > 0: claim and load that many shards ahead of the one being
+    processed (``worker.prefetch``); 0 runs one attempt at a time.
+    """
+    if prefetch > 0:
+        from data_juicer_elastic.worker.prefetch import PrefetchWorker
+
+        return PrefetchWorker(job_dir, runner, prefetch=prefetch, **options).run()
     return Worker(job_dir, runner, **options).run()
