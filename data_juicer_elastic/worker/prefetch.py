@@ -96,6 +96,8 @@ class PrefetchWorker(Worker):
         self.stopping = threading.Event()
         self.timings: list[tuple[float, float]] = []  # (start, end) of each process stage, in order
         self._loaded_once = False
+        self._lock = threading.Lock()  # stopping vs. a claim made ahead in another thread
+        self._ahead: Future | None = None  # that claim
 
     def backlog(self) -> float:
         pace = self.pace.seconds or 0.0
@@ -147,9 +149,10 @@ class PrefetchWorker(Worker):
                 continue
             item = self.waiting.popleft()
             self.current = item
-            self._top_up(result)  # the next shard is claimed and loading before this one runs
+            self._ahead = in_thread(self._top_up, result)  # the next shard: claimed and loaded while this one runs
             self._process(item)
             self.current = None
+            self._ahead.result()  # its errors (a full disk, a tampered job dir) stop the worker here
 
     def _should_end(self, result: WorkerResult) -> tuple[int, str] | None:
         if self.should_stop():
@@ -183,8 +186,14 @@ class PrefetchWorker(Worker):
             self.claimed += 1
             unfinished = len(self.waiting) + len(self.finishing) + (self.current is not None)
             item = self._open(lease, final=self._last_claim(len(result.completed) + unfinished))
-            if item is not None:
-                self.waiting.append(item)
+            if item is None:
+                continue
+            with self._lock:
+                if not self.stopping.is_set():
+                    self.waiting.append(item)
+                    continue
+            self._end(item, "interrupted")  # the worker stopped while this claim was made
+            return
 
     def _idle(self, result: WorkerResult) -> bool:
         """Nothing claimed or running: end (job over, stop when idle) or wait a poll interval."""
@@ -299,7 +308,13 @@ class PrefetchWorker(Worker):
 
     def _abandon(self, outcome: str) -> None:
         """Stop now: every attempt in flight ends as ``outcome`` and its lease is released."""
-        self.stopping.set()
+        with self._lock:
+            self.stopping.set()
+        if self._ahead is not None:  # a claim being made ahead ends itself once it sees the stop
+            try:
+                self._ahead.exception(timeout=10)
+            except TimeoutError:
+                pass
         items = [*self.waiting, *(i for i, _ in self.finishing)] + ([self.current] if self.current else [])
         self.waiting.clear()
         self.finishing.clear()
