@@ -78,9 +78,12 @@ class _Router:
     def __init__(self, actors: list[Any]) -> None:
         self.actors = actors
         self.busy = [0] * len(actors)
+        self.next = 0  # ties go round the pool, so every actor gets work even one batch at a time
 
     async def submit(self, refs: list[Any], work_dir: str | None) -> list[Any]:
-        i = self.busy.index(min(self.busy))
+        n = len(self.actors)
+        i = min(((self.next + k) % n for k in range(n)), key=lambda j: self.busy[j])
+        self.next = (i + 1) % n
         self.busy[i] += 1
         try:
             done, out = self.actors[i].process.options(num_returns=2).remote(refs[0], work_dir)
