@@ -77,6 +77,7 @@ def test_actor_mode_op_loads_once_per_actor_across_shards(tmp_path):
             "ray_execution_mode": "actor",
             "num_proc": 2,
             "num_cpus": 0.5,
+            "batch_size": 10,
         }
     }
     job = make_job(tmp_path, op, "slow_model_ops.py")
