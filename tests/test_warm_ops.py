@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -124,6 +126,7 @@ def _free_port() -> int:
 def gpu_ray(tmp_path):
     """A node-local Ray head with 2 logical GPUs, in its own session; stopped by its process group."""
     port = _free_port()
+    ray_tmp = tempfile.mkdtemp(prefix="r", dir="/tmp")  # Ray's socket paths must stay under 107 bytes
     env = env_with(RAY_USAGE_STATS_ENABLED="0")  # its workers inherit this environment (PYTHONPATH: this repo)
     head = subprocess.Popen(
         [
@@ -136,7 +139,7 @@ def gpu_ray(tmp_path):
             "--num-cpus=4",
             "--include-dashboard=false",
             "--object-store-memory=200000000",
-            f"--temp-dir={tmp_path / 'ray'}",
+            f"--temp-dir={ray_tmp}",
         ],
         env=env,
         start_new_session=True,
@@ -159,11 +162,13 @@ def gpu_ray(tmp_path):
             time.sleep(1)
         yield address
     finally:
-        os.killpg(head.pid, signal.SIGTERM)
-        try:
-            head.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
+        if head.poll() is None:
+            os.killpg(head.pid, signal.SIGTERM)
+            try:
+                head.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(head.pid, signal.SIGKILL)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 def test_gpu_op_keeps_one_warm_actor_per_gpu_with_prefetch(tmp_path, gpu_ray):

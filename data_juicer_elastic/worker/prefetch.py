@@ -120,7 +120,7 @@ class PrefetchWorker(Worker):
                 error = no_space_error(exc.filename or self.job.claims_dir, full, "claiming a shard")
                 result.exit_code, result.message = error.exit_code, str(error)
             except ElasticError as exc:  # a full disk during an attempt, a tampered job dir
-                self._abandon("no-space")
+                self._abandon("no-space" if "no space left" in str(exc) else "interrupted")
                 result.exit_code, result.message = exc.exit_code, str(exc)
         return result
 
