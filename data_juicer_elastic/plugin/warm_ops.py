@@ -73,24 +73,66 @@ class _WarmOp:
 
 
 class _Router:
-    """Sends each batch to the least busy actor of one pool (async: many batches in flight)."""
+    """Sends each batch to the least busy live actor of one pool (async: many batches in flight).
+
+    An actor whose call failed because it died is left out until Ray has
+    restarted it (a call to a restarting actor would fail too), so only the
+    attempt that was running on it fails.
+    """
 
     def __init__(self, actors: list[Any]) -> None:
+        import asyncio
+
         self.actors = actors
         self.busy = [0] * len(actors)
+        self.live = [asyncio.Event() for _ in actors]
+        for event in self.live:
+            event.set()
         self.next = 0  # ties go round the pool, so every actor gets work even one batch at a time
+        self.recovering: dict[int, Any] = {}
 
     async def submit(self, refs: list[Any], work_dir: str | None) -> list[Any]:
-        n = len(self.actors)
-        i = min(((self.next + k) % n for k in range(n)), key=lambda j: self.busy[j])
-        self.next = (i + 1) % n
+        i = await self._pick()
         self.busy[i] += 1
         try:
             done, out = self.actors[i].process.options(num_returns=2).remote(refs[0], work_dir)
             await done  # raises if the op raised or the actor died: the caller's task fails
+        except ray.exceptions.RayActorError:
+            self._recover(i)
+            raise
         finally:
             self.busy[i] -= 1
         return [out]
+
+    async def _pick(self) -> int:
+        import asyncio
+
+        n = len(self.actors)
+        while not any(e.is_set() for e in self.live):
+            waits = [asyncio.ensure_future(e.wait()) for e in self.live]
+            _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for w in pending:
+                w.cancel()
+        live = [(self.next + k) % n for k in range(n) if self.live[(self.next + k) % n].is_set()]
+        i = min(live, key=lambda j: self.busy[j])
+        self.next = (i + 1) % n
+        return i
+
+    def _recover(self, i: int) -> None:
+        import asyncio
+
+        if not self.live[i].is_set():
+            return
+        self.live[i].clear()
+
+        async def wait_restarted() -> None:
+            try:
+                await self.actors[i].where.options(max_task_retries=-1).remote()
+            except Exception:  # gone for good: calls fail fast again, and so do their attempts
+                pass
+            self.live[i].set()
+
+        self.recovering[i] = asyncio.ensure_future(wait_restarted())
 
 
 def forward_batch(batch: Any, *, router: Any, work_dir: str | None) -> Any:
