@@ -2,8 +2,8 @@
 
 The package is laid out by layer (docs/DESIGN.md):
 
-* ``storage/`` - atomic writes, publish-once, the shared clock, bulk writes
-* ``job/`` - the job directory: layout and manifest, records, leases, host identity, versions
+* ``storage/`` - atomic writes, publish-once, the shared clock, bulk writes, block reads, lease refresh, the host name
+* ``job/`` - the job directory: layout and manifest, records, leases, versions
 * ``prepare/`` - input discovery, strict JSONL, the deterministic split
 * ``worker/`` - the claim loop, tail pacing, output checks
 * ``merge``, ``status`` - the ordered verified merge and read-only views
@@ -30,7 +30,7 @@ _LAZY = {
     "PrepareRequest": "data_juicer_elastic.prepare.driver",
     "PrepareResult": "data_juicer_elastic.prepare.driver",
     "prepare": "data_juicer_elastic.prepare.driver",
-    "Runner": "data_juicer_elastic.worker.loop",
+    "Runner": "data_juicer_elastic.worker.runner",
     "WorkerResult": "data_juicer_elastic.worker.loop",
     "run_worker": "data_juicer_elastic.worker.loop",
     "verify": "data_juicer_elastic.merge",
@@ -39,7 +39,7 @@ _LAZY = {
     "MergeResult": "data_juicer_elastic.merge",
     "job_status": "data_juicer_elastic.status",
     "JobStatus": "data_juicer_elastic.status",
-    "retry": "data_juicer_elastic.status",
+    "requeue": "data_juicer_elastic.job.records.retry",
     "JobSpec": "data_juicer_elastic.coordination.session",
     "run_job": "data_juicer_elastic.coordination.session",
     "RayShardRunner": "data_juicer_elastic.plugin.runner",

@@ -14,17 +14,14 @@ from jsonargparse import ArgumentParser, Namespace
 
 from data_juicer_elastic.errors import ElasticError, UserError
 from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.status import describe_error_rows, error_rows_by_shard, first_line
 
 
 def _job_dir_arg(p: ArgumentParser) -> None:
     p.add_argument("--job-dir", required=True, help="the shared job directory")
 
 
-def _parser() -> ArgumentParser:
-    root = ArgumentParser(prog="dj-elastic", description="Elastic shard jobs for Data-Juicer on a shared directory.")
-    sub = root.add_subcommands(dest="command")
-
-    p = ArgumentParser(description="Validate the input and split it into shards (run once, on one node).")
+def _prepare_args(p: ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="the Data-Juicer recipe (YAML)")
     p.add_argument("--dataset-path", default=None, help="input JSONL file or directory (default: the recipe's)")
     p.add_argument("--job-dir", default=None, help="job directory (default: the recipe's elastic_shard.job_dir)")
@@ -34,9 +31,9 @@ def _parser() -> ArgumentParser:
     p.add_argument("--max-retries", type=int, default=None)
     p.add_argument("--poll-interval-secs", type=float, default=None)
     p.add_argument("--ray-address", default=None, help="node-local Ray runtime for workers (default: local)")
-    sub.add_subcommand("prepare", p, help="split the input into shards")
 
-    p = ArgumentParser(description="Claim and process shards until the job is complete.")
+
+def _worker_args(p: ArgumentParser) -> None:
     _job_dir_arg(p)
     p.add_argument("--max-shards", type=int, default=None, help="stop after completing this many shards")
     p.add_argument("--runner", default=None, help="MODULE:ATTR runner (default: Data-Juicer's RayExecutor)")
@@ -46,34 +43,82 @@ def _parser() -> ArgumentParser:
     p.add_argument(
         "--prefetch-shards", type=int, default=1, help="shards claimed and read in ahead of the one running (0: none)"
     )
-    sub.add_subcommand("worker", p, help="claim and run shards")
 
-    p = ArgumentParser(description="Show shard states, hosts, progress.")
+
+def _status_args(p: ArgumentParser) -> None:
     _job_dir_arg(p)
     p.add_argument("--json", action="store_true", help="print a JSON object")
     p.add_argument("--all", action="store_true", help="list every shard, not only unfinished ones")
-    sub.add_subcommand("status", p, help="job progress (exit 1 while incomplete)")
+    p.add_argument("--watch", action="store_true", help="redraw one progress line in place until the job ends")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between redraws with --watch")
 
-    p = ArgumentParser(description="Requeue failed (or done) shards; old records go to state/history.")
+
+def _retry_args(p: ArgumentParser) -> None:
     _job_dir_arg(p)
     p.add_argument("--all-failed", action="store_true")
     p.add_argument("--shard-id", nargs="+", default=None)
-    sub.add_subcommand("retry", p, help="requeue shards")
 
-    p = ArgumentParser(description="Verify every shard output and write them, in input order, to one file.")
+
+def _merge_args(p: ArgumentParser) -> None:
     _job_dir_arg(p)
     p.add_argument("--output", required=True)
     p.add_argument("--overwrite", action="store_true")
-    sub.add_subcommand("merge", p, help="verified, ordered, atomic merge")
 
-    p = ArgumentParser(description="Re-check every done record against its output.")
+
+def _verify_args(p: ArgumentParser) -> None:
     _job_dir_arg(p)
     p.add_argument("--expect-nodes", type=int, default=None, help="require this many distinct completion hosts")
-    sub.add_subcommand("verify", p, help="verify outputs (exit 1 while incomplete)")
 
-    p = ArgumentParser(description="The whole job from a recipe, as `dj-process` runs it on every node.")
+
+def _run_args(p: ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="the Data-Juicer recipe (YAML) with an elastic_shard block")
-    sub.add_subcommand("run", p, help="prepare, work and merge, coordinated across nodes")
+
+
+def _report_args(p: ArgumentParser) -> None:
+    _job_dir_arg(p)
+    p.add_argument("--output", default=None, help="where to write it (default: <job-dir>/report.html)")
+
+
+# name -> (description, one-line help, arguments)
+SUBCOMMANDS = {
+    "prepare": (
+        "Validate the input and split it into shards (run once, on one node).",
+        "split the input into shards",
+        _prepare_args,
+    ),
+    "worker": ("Claim and process shards until the job is complete.", "claim and run shards", _worker_args),
+    "status": ("Show shard states, hosts, progress.", "job progress (exit 1 while incomplete)", _status_args),
+    "retry": ("Requeue failed (or done) shards; old records go to state/history.", "requeue shards", _retry_args),
+    "merge": (
+        "Verify every shard output and write them, in input order, to one file.",
+        "verified, ordered, atomic merge",
+        _merge_args,
+    ),
+    "verify": (
+        "Re-check every done record against its output.",
+        "verify outputs (exit 1 while incomplete)",
+        _verify_args,
+    ),
+    "run": (
+        "The whole job from a recipe, as `dj-process` runs it on every node.",
+        "prepare, work and merge, coordinated across nodes",
+        _run_args,
+    ),
+    "report": (
+        "One self-contained HTML page: timeline, throughput, hosts, failures, op counts.",
+        "write the job report (HTML)",
+        _report_args,
+    ),
+}
+
+
+def _parser() -> ArgumentParser:
+    root = ArgumentParser(prog="dj-elastic", description="Elastic shard jobs for Data-Juicer on a shared directory.")
+    sub = root.add_subcommands(dest="command")
+    for name, (description, help_text, add_args) in SUBCOMMANDS.items():
+        p = ArgumentParser(description=description)
+        add_args(p)
+        sub.add_subcommand(name, p, help=help_text)
     return root
 
 
@@ -86,15 +131,18 @@ def cmd_prepare(a: Namespace) -> int:
 
 def cmd_worker(a: Namespace) -> int:
     from data_juicer_elastic.job.versions import check_versions
-    from data_juicer_elastic.worker.loop import load_runner, run_worker
+    from data_juicer_elastic.worker.loop import run_worker
+    from data_juicer_elastic.worker.runner import load_runner
 
     job = JobDir(a.job_dir)
     check_versions(job.manifest().versions, allow_mismatch=a.allow_version_mismatch)
     if a.runner:
         runner = load_runner(a.runner)
     else:
+        from data_juicer_elastic.plugin.console import install_story_console
         from data_juicer_elastic.plugin.runner import RayShardRunner
 
+        install_story_console()  # DJ_ELASTIC_CONSOLE=full keeps Data-Juicer's and Ray's output
         runner = RayShardRunner(ray_address=a.ray_address or job.manifest().policy.ray_address)
     if a.prefetch_shards < 0:
         raise UserError(f"--prefetch-shards must be 0 or more, got {a.prefetch_shards}")
@@ -108,6 +156,10 @@ def cmd_worker(a: Namespace) -> int:
 def cmd_status(a: Namespace) -> int:
     from data_juicer_elastic.status import job_status
 
+    if a.watch:
+        from data_juicer_elastic.watch import watch
+
+        return watch(a.job_dir, a.interval)
     st = job_status(JobDir(a.job_dir))
     if a.json:
         sys.stdout.buffer.write(orjson.dumps(st.to_dict(), option=orjson.OPT_INDENT_2) + b"\n")
@@ -125,6 +177,11 @@ def format_status(st, *, show_all: bool) -> str:
         f"rows: {st.input_rows_done}/{st.input_rows} input rows done ({st.progress:.1%}), "
         f"{st.output_rows} output rows" + (f", {st.rows_per_sec:.0f} rows/s" if st.rows_per_sec else ""),
     ]
+    if st.error_rows:
+        lines.append(
+            f"op errors: {st.error_rows} row(s) removed by ops that raised (skip_op_error); "
+            "see each shard's ops.json and process.log, or `dj-elastic report`"
+        )
     if st.hosts:
         lines.append("hosts: " + ", ".join(f"{h}={n}" for h, n in sorted(st.hosts.items())))
     shown = [s for s in st.shards if show_all or s.state != "done"]
@@ -132,15 +189,15 @@ def format_status(st, *, show_all: bool) -> str:
         lines.append(f"{'shard':<22} {'state':<8} {'attempts':>8} {'rows':>9}  host")
         for s in shown:
             rows = "" if s.rows is None else str(s.rows)
-            extra = f"  ({s.error})" if s.error else ""
+            extra = f"  ({first_line(s.error)})" if s.error else ""
             lines.append(f"{s.id:<22} {s.state:<8} {s.attempts:>8} {rows:>9}  {s.host or ''}{extra}")
     return "\n".join(lines)
 
 
 def cmd_retry(a: Namespace) -> int:
-    from data_juicer_elastic.status import retry
+    from data_juicer_elastic.job.records.retry import requeue
 
-    requeued = retry(JobDir(a.job_dir), a.shard_id, all_failed=a.all_failed)
+    requeued = requeue(JobDir(a.job_dir), a.shard_id, all_failed=a.all_failed)
     print(f"requeued {len(requeued)} shard(s): {' '.join(requeued)}")
     return 0
 
@@ -160,6 +217,9 @@ def cmd_verify(a: Namespace) -> int:
         print(problem, file=sys.stderr)
     hosts = ", ".join(f"{h}={n}" for h, n in sorted(report.hosts.items()))
     print(f"verified {sum(c.ok for c in report.shards)}/{len(report.shards)} shards; hosts: {hosts or 'none'}")
+    dropped = describe_error_rows(error_rows_by_shard(JobDir(a.job_dir)))
+    if dropped:
+        print(dropped)
     if not report.ok:
         return 2
     return 0 if report.complete else 1
@@ -171,6 +231,14 @@ def cmd_run(a: Namespace) -> int:
     return run_from_recipe(a.config)
 
 
+def cmd_report(a: Namespace) -> int:
+    from data_juicer_elastic.report import write_report
+
+    path = write_report(a.job_dir, a.output)
+    print(f"report written to {path}")
+    return 0
+
+
 COMMANDS: dict[str, Callable[[Namespace], int]] = {
     "prepare": cmd_prepare,
     "worker": cmd_worker,
@@ -179,6 +247,7 @@ COMMANDS: dict[str, Callable[[Namespace], int]] = {
     "merge": cmd_merge,
     "verify": cmd_verify,
     "run": cmd_run,
+    "report": cmd_report,
 }
 
 

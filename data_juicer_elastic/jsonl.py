@@ -31,9 +31,12 @@ class LineProblem(Exception):
     """A bad line: ``index`` is its position in the block handed in."""
 
     def __init__(self, index: int, message: str) -> None:
-        super().__init__(message)
+        super().__init__(index, message)  # both in args, so it unpickles (it crosses the prepare pool)
         self.index = index
         self.message = message
+
+    def __str__(self) -> str:
+        return self.message
 
 
 @dataclass(frozen=True)

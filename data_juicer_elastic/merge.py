@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -21,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from data_juicer_elastic.errors import IntegrityError, UserError
-from data_juicer_elastic.job.layout import JobDir, ShardSpec, attempt_name
+from data_juicer_elastic.job.layout import JobDir, ShardSpec
+from data_juicer_elastic.job.records.done import DoneRecord, load_done
 from data_juicer_elastic.progress import ProgressBar
+from data_juicer_elastic.storage.blocks import BLOCK, Digester, blocks, digest_file
 from data_juicer_elastic.storage.bulk_write import BulkWriter
 from data_juicer_elastic.storage.files import (
     atomic_write,
@@ -31,13 +32,10 @@ from data_juicer_elastic.storage.files import (
     fsync_dir,
     lost_race,
     no_space_error,
-    read_json,
     remove_dead_temps,
     temp_name,
 )
 
-BLOCK = 16 << 20
-_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 NOT_DONE = "not done yet"
 
 
@@ -68,79 +66,6 @@ class MergeResult:
     shards: int
 
 
-@dataclass(frozen=True)
-class DoneRecord:
-    """A done record whose fields have been type-checked and whose output path is confined."""
-
-    shard: str
-    attempt: int
-    host: str
-    rows: int
-    bytes: int
-    sha256: str
-    output: Path
-
-    def describe_mismatch(self, rows: int, size: int, sha: str, ends_with_newline: bool) -> str | None:
-        diffs = []
-        if not ends_with_newline:
-            diffs.append("does not end with a newline")
-        if rows != self.rows:
-            diffs.append(f"{rows} rows, record says {self.rows}")
-        if size != self.bytes:
-            diffs.append(f"{size} bytes, record says {self.bytes}")
-        if sha != self.sha256:
-            diffs.append(f"sha256 {sha[:12]}…, record says {self.sha256[:12]}…")
-        if not diffs:
-            return None
-        return (
-            f"shard {self.shard}: {self.output} does not match its done record ({'; '.join(diffs)}); "
-            f"it changed after the worker verified it: restore it, or archive the record and rerun the shard"
-        )
-
-
-def load_done(job: JobDir, spec: ShardSpec) -> DoneRecord | None:
-    """The shard's done record, checked; None when there is none yet. Raises IntegrityError."""
-    path = job.done_path(spec.id)
-    try:
-        raw = read_json(path)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        raise IntegrityError(
-            f"{path}: unreadable done record ({exc}); restore it or archive it and rerun {spec.id}"
-        ) from exc
-    return _check_record(job, spec, raw, path)
-
-
-def _check_record(job: JobDir, spec: ShardSpec, raw: Any, path: Path) -> DoneRecord:
-    def bad(what: str) -> IntegrityError:
-        return IntegrityError(
-            f"{path}: {what}; the done record was edited or corrupted: restore it, or archive it and rerun {spec.id}"
-        )
-
-    if not isinstance(raw, dict):
-        raise bad("not a JSON object")
-    if raw.get("shard") != spec.id:
-        raise bad(f"shard is {raw.get('shard')!r}, expected {spec.id!r}")
-    for key in ("attempt", "rows", "bytes"):
-        value = raw.get(key)
-        if type(value) is not int or value < (1 if key == "attempt" else 0):
-            raise bad(f"{key} is {value!r}, expected a {'positive' if key == 'attempt' else 'non-negative'} integer")
-    if not isinstance(raw.get("sha256"), str) or not _SHA256_RE.match(raw["sha256"]):
-        raise bad(f"sha256 is {raw.get('sha256')!r}, expected 64 hex digits")
-    host = raw.get("host")
-    if not isinstance(host, str) or not host:
-        raise bad(f"host is {host!r}, expected a host name")
-    expected = f"attempts/{spec.id}/{attempt_name(raw['attempt'])}/processed.jsonl"
-    output = raw.get("output")
-    if output != expected:
-        job.confine(output, f"done record {path.name} output")  # outside the job dir: say so first
-        raise bad(f"output is {output!r}, expected {expected!r}")
-    return DoneRecord(
-        spec.id, raw["attempt"], host, raw["rows"], raw["bytes"], raw["sha256"], job.confine(output, "output")
-    )
-
-
 # verify -----------------------------------------------------------------------
 def verify(job: JobDir, *, expect_nodes: int | None = None, check_content: bool = True) -> VerifyReport:
     """Check every done record (and, with ``check_content``, its output's rows, bytes and sha256)."""
@@ -166,10 +91,11 @@ def verify(job: JobDir, *, expect_nodes: int | None = None, check_content: bool 
 def _verify_shard(job: JobDir, spec: ShardSpec, buf: bytearray | None) -> tuple[ShardCheck, bool]:
     """The shard's check, and whether it has a done record at all."""
     try:
-        record = load_done(job, spec)
+        record = load_done(job, spec.id)
+        output = record.output_path(job) if record else None
     except IntegrityError as exc:
         return ShardCheck(spec.id, False, problem=str(exc)), True
-    if record is None:
+    if record is None or output is None:
         failed = job.failed_path(spec.id)
         if failed.exists():
             problem = f"shard {spec.id} failed terminally (see {failed}); `dj-elastic retry {spec.id}` requeues it"
@@ -177,27 +103,14 @@ def _verify_shard(job: JobDir, spec: ShardSpec, buf: bytearray | None) -> tuple[
         return ShardCheck(spec.id, False, problem=NOT_DONE), False
     if buf is not None:
         try:
-            rows, size, sha, nl = _digest(record.output, buf)
+            d = digest_file(output, buf)
         except OSError as exc:
-            problem = f"shard {spec.id}: {record.output} cannot be read ({exc.strerror}); restore it or rerun the shard"
+            problem = f"shard {spec.id}: {output} cannot be read ({exc.strerror}); restore it or rerun the shard"
             return ShardCheck(spec.id, False, record.host, record.rows, problem), True
-        problem = record.describe_mismatch(rows, size, sha, nl)
+        problem = record.describe_mismatch(output, d.rows, d.bytes, d.sha256, d.ends_with_newline)
         if problem:
             return ShardCheck(spec.id, False, record.host, record.rows, problem), True
     return ShardCheck(spec.id, True, record.host, record.rows), True
-
-
-def _digest(path: Path, buf: bytearray) -> tuple[int, int, str, bool]:
-    """(rows, bytes, sha256, ends with a newline or is empty) of a file, in large blocks."""
-    digest, rows, size, last = hashlib.sha256(), 0, 0, 10
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buf):
-            digest.update(view[:n])
-            rows += buf.count(b"\n", 0, n)
-            size += n
-            last = buf[n - 1]
-    return rows, size, digest.hexdigest(), last == 10
 
 
 # merge ------------------------------------------------------------------------
@@ -215,7 +128,7 @@ def merge(
     _check_target(out, overwrite)
     records = _all_done(job)
     out.parent.mkdir(parents=True, exist_ok=True)
-    total = sum(r.bytes for r in records)
+    total = sum(r.bytes for r, _ in records)
     bar = ProgressBar(total, "merge", progress)
     remove_dead_temps(out)  # what merges killed on this host left behind
     try:
@@ -252,15 +165,19 @@ def _check_target(out: Path, overwrite: bool) -> None:
         )
 
 
-def _all_done(job: JobDir) -> list[DoneRecord]:
+Done = tuple[DoneRecord, Path]  # a checked done record and its confined output path
+
+
+def _all_done(job: JobDir) -> list[Done]:
     specs = job.manifest().shards
-    records, missing = [], []
+    records: list[Done] = []
+    missing = []
     for spec in specs:
-        record = load_done(job, spec)
+        record = load_done(job, spec.id)
         if record is None:
             missing.append(spec.id)
         else:
-            records.append(record)
+            records.append((record, record.output_path(job)))
     if missing:
         shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
         raise IntegrityError(
@@ -270,7 +187,7 @@ def _all_done(job: JobDir) -> list[DoneRecord]:
     return records
 
 
-def _write_merged(records: list[DoneRecord], out: Path, overwrite: bool, bar: ProgressBar) -> tuple[int, int, str]:
+def _write_merged(records: list[Done], out: Path, overwrite: bool, bar: ProgressBar) -> tuple[int, int, str]:
     tmp = temp_name(out)
     try:
         with BulkWriter(tmp) as writer:  # fsyncs on a clean close
@@ -297,54 +214,51 @@ def _put_in_place(tmp: Path, out: Path, overwrite: bool) -> None:
         raise UserError(f"{out}: already exists; pass --overwrite (or overwrite_output) to replace it") from exc
 
 
-def _copy_all(records: list[DoneRecord], writer: BulkWriter, bar: ProgressBar) -> tuple[int, int, str]:
+def _copy_all(records: list[Done], writer: BulkWriter, bar: ProgressBar) -> tuple[int, int, str]:
     """Copy each output once, checking it against its record; hash the merged bytes in a thread."""
     merged = hashlib.sha256()
     buf = bytearray(BLOCK)
     rows = size = 0
     with ThreadPoolExecutor(1, thread_name_prefix="dje-merge-hash") as hasher:
-        for record in records:
-            r, s = _copy_one(record, writer, buf, merged, hasher, lambda n: bar.update(size + n))  # noqa: B023 (called before the loop moves on)
+        for done in records:
+            r, s = _copy_one(done, writer, buf, merged, hasher, lambda n: bar.update(size + n))  # noqa: B023 (called before the loop moves on)
             rows += r
             size += s
     return rows, size, merged.hexdigest()
 
 
 def _copy_one(
-    record: DoneRecord,
+    done: Done,
     writer: BulkWriter,
     buf: bytearray,
     merged: Any,
     hasher: ThreadPoolExecutor,
     tick: Callable[[int], None],
 ) -> tuple[int, int]:
-    digest, rows, size, last = hashlib.sha256(), 0, 0, 10
-    view = memoryview(buf)
+    record, path = done
+    d = Digester()
     try:
-        f = open(record.output, "rb", buffering=0)
+        f = open(path, "rb", buffering=0)
     except OSError as exc:
         raise IntegrityError(
-            f"shard {record.shard}: {record.output} cannot be read ({exc.strerror}); restore it or rerun the shard"
+            f"shard {record.shard}: {path} cannot be read ({exc.strerror}); restore it or rerun the shard"
         ) from exc
     with f:
-        while n := f.readinto(buf):
-            block = view[:n]
+        for block in blocks(f, buf):
             pending: Future = hasher.submit(merged.update, block)
-            digest.update(block)
-            rows += buf.count(b"\n", 0, n)
-            last = buf[n - 1]
+            d.update(block)
             writer.write(block)
             pending.result()  # the buffer is reused next round
-            size += n
-            tick(size)
-    problem = record.describe_mismatch(rows, size, digest.hexdigest(), last == 10)
+            tick(d.bytes)
+    got = d.result()
+    problem = record.describe_mismatch(path, got.rows, got.bytes, got.sha256, got.ends_with_newline)
     if problem:
         raise IntegrityError(problem)
-    return rows, size
+    return got.rows, got.bytes
 
 
 def _record(
-    job: JobDir, out: Path, records: list[DoneRecord], rows: int, size: int, sha: str, started_at: float, seconds: float
+    job: JobDir, out: Path, records: list[Done], rows: int, size: int, sha: str, started_at: float, seconds: float
 ) -> None:
     atomic_write(
         job.merge_record_path,
@@ -363,7 +277,7 @@ def _record(
                         "bytes": r.bytes,
                         "sha256": r.sha256,
                     }
-                    for r in records
+                    for r, _ in records
                 ],
                 "started_at": started_at,
                 "finished_at": time.time(),

@@ -1,19 +1,20 @@
-"""Read-only view of a job (``dj-elastic status``) and the one write operators need: retry."""
+"""Read-only view of a job (``dj-elastic status``); requeueing is ``job.records.retry.requeue``."""
 
 from __future__ import annotations
 
-import os
+import re
 import time
-import uuid
 from dataclasses import dataclass, field
 
-from data_juicer_elastic.errors import IntegrityError, UserError
-from data_juicer_elastic.job.claims import ClaimStore
-from data_juicer_elastic.job.identity import hostname
-from data_juicer_elastic.job.layout import JobDir
-from data_juicer_elastic.storage.files import atomic_write, dumps_json, read_record
+from data_juicer_elastic.errors import IntegrityError
+from data_juicer_elastic.job.claims import ClaimStore, claim_store
+from data_juicer_elastic.job.layout import JobDir, Manifest
+from data_juicer_elastic.job.records.done import load_done
+from data_juicer_elastic.job.records.failed import load_failed
 
 STATES = ("pending", "running", "stale", "done", "failed")
+OPS_NAME = "ops.json"  # per-op row counts a runner leaves in the attempt dir (see plugin/opcounts)
+ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 @dataclass
@@ -26,6 +27,7 @@ class ShardStatus:
     input_rows: int = 0
     heartbeat_age_secs: float | None = None
     error: str | None = None
+    error_rows: int = 0
 
 
 @dataclass
@@ -42,6 +44,8 @@ class JobStatus:
     complete: bool
     failed: bool = False
     notes: list[str] = field(default_factory=list)
+    hosts_active: list[str] = field(default_factory=list)  # hosts holding a live lease now
+    error_rows: int = 0  # rows removed by op errors (skip_op_error) in done shards
 
     def to_dict(self) -> dict:
         """JSON-ready view for output only: shard entries are the objects' own dicts.
@@ -56,39 +60,56 @@ class JobStatus:
 def job_status(job: JobDir) -> JobStatus:
     """One listing per state directory, one stat per leased shard: cheap on 10,000 shards."""
     manifest = job.manifest()
-    store = ClaimStore(job, lock_timeout=manifest.policy.lock_timeout_secs, host=hostname())
+    store = claim_store(job)
     done, failed = job.done_ids(), job.failed_ids()
     latest = store.latest_attempts()
     now = store.now() if len(done) + len(failed) < len(manifest.shards) else time.time()
     shards: list[ShardStatus] = []
-    hosts: dict[str, int] = {}
-    first_start, last_finish = float("inf"), 0.0
+    span = [float("inf"), 0.0]  # first start, last finish of the done shards
     for spec in manifest.shards:
         s = ShardStatus(id=spec.id, state="pending", attempts=latest.get(spec.id, 0), input_rows=spec.rows)
         if spec.id in done:
-            rec = read_record(job.done_path(spec.id))
-            s.state, s.host, s.rows = "done", rec.get("host"), rec.get("rows")
-            hosts[s.host or "?"] = hosts.get(s.host or "?", 0) + 1
-            first_start = min(first_start, rec.get("started_at", first_start))
-            last_finish = max(last_finish, rec.get("finished_at", last_finish))
+            _done_state(job, s, span)
         elif spec.id in failed:
-            rec = read_record(job.failed_path(spec.id))
-            s.state, s.host, s.error = "failed", rec.get("host"), rec.get("error")
+            rec = load_failed(job, spec.id)
+            s.state, s.host, s.error = "failed", rec and rec.host, rec and rec.error
         elif s.attempts:
-            age = store.heartbeat_age(spec.id, s.attempts, now)
-            lease = store.read_lease(spec.id, s.attempts) or {}
-            s.host = lease.get("host")
-            if age is None or age == float("inf"):
-                s.state = "pending"  # released: claimable at once
-            else:
-                s.heartbeat_age_secs = round(age, 1)
-                s.state = "running" if age < manifest.policy.lock_timeout_secs else "stale"
+            _lease_state(store, s, now)
         shards.append(s)
+    return _summarise(job, manifest, shards, span[1] - span[0])
+
+
+def _done_state(job: JobDir, s: ShardStatus, span: list[float]) -> None:
+    s.state = "done"
+    try:
+        rec = load_done(job, s.id)
+    except IntegrityError:  # verify and merge say what is wrong with it
+        rec = None
+    if rec is not None:
+        s.host, s.rows, s.error_rows = rec.host, rec.rows, rec.error_rows
+        span[0] = min(span[0], span[0] if rec.started_at is None else rec.started_at)
+        span[1] = max(span[1], span[1] if rec.finished_at is None else rec.finished_at)
+
+
+def _lease_state(store: ClaimStore, s: ShardStatus, now: float) -> None:
+    age = store.heartbeat_age(s.id, s.attempts, now)
+    lease = store.read_lease(s.id, s.attempts) or {}
+    s.host = lease.get("host")
+    if age is None or age == float("inf"):
+        s.state = "pending"  # released: claimable at once
+    else:
+        s.heartbeat_age_secs = round(age, 1)
+        s.state = "running" if age < store.lock_timeout else "stale"
+
+
+def _summarise(job: JobDir, manifest: Manifest, shards: list[ShardStatus], elapsed: float) -> JobStatus:
     counts = {state: 0 for state in STATES}
+    hosts: dict[str, int] = {}
     for s in shards:
         counts[s.state] += 1
+        if s.state == "done":
+            hosts[s.host or "?"] = hosts.get(s.host or "?", 0) + 1
     rows_done = sum(s.input_rows for s in shards if s.state == "done")
-    elapsed = last_finish - first_start
     return JobStatus(
         job_dir=str(job.root),
         counts=counts,
@@ -101,50 +122,36 @@ def job_status(job: JobDir) -> JobStatus:
         rows_per_sec=round(rows_done / elapsed, 1) if elapsed > 0 else None,
         complete=counts["done"] == len(shards),
         failed=counts["failed"] > 0,
+        hosts_active=sorted({s.host or "?" for s in shards if s.state == "running"}),
+        error_rows=sum(s.error_rows for s in shards),
     )
 
 
-def retry(job: JobDir, shard_ids: list[str] | None = None, *, all_failed: bool = False) -> list[str]:
-    """Requeue shards: archive their failed/done records in state/history, reset the retry budget.
-
-    The budget is reset by a retry record naming the last attempt so far, so
-    earlier attempts stop counting; nothing is deleted.
-    """
-    manifest = job.manifest()
-    if all_failed:
-        shard_ids = sorted(job.failed_ids())
-    if not shard_ids:
-        raise UserError("retry: name shards with --shard-id, or use --all-failed")
-    store = ClaimStore(job, lock_timeout=manifest.policy.lock_timeout_secs, host=hostname())
-    latest = store.latest_attempts()
-    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
-    requeued = []
-    for sid in shard_ids:
-        job.shard(sid)  # validates the id
-        records = [p for p in (job.failed_path(sid), job.done_path(sid)) if p.exists()]
-        if not records:
-            state = "running" if latest.get(sid) else "pending"
-            raise UserError(f"retry: shard {sid} is {state}, not failed or done; nothing to requeue")
-        retry_rec = job.retry_path(sid)
-        if retry_rec.exists():
-            os.rename(retry_rec, job.history_dir / f"{stamp}-{sid}.retry.json")
-        atomic_write(retry_rec, dumps_json({"shard": sid, "after_attempt": latest.get(sid, 0), "at": time.time()}))
-        for path in records:
-            kind = path.parent.name
-            os.rename(path, job.history_dir / f"{stamp}-{sid}.{kind}.json")
-        requeued.append(sid)
-    return requeued
+def first_line(text: str, limit: int = 300) -> str:
+    """One line of an error for the console (tracebacks and ANSI colours stay in process.log)."""
+    line = ANSI_RE.sub("", text).strip().splitlines()[0] if text.strip() else text
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
-def failure_message(job: JobDir, sid: str) -> str:
-    """Name the terminally failed shard, its error, its log, and how to requeue it."""
-    rec = read_record(job.failed_path(sid))
-    try:
-        log = job.confine(rec["log"], "failed record log")
-    except (KeyError, TypeError, IntegrityError):
-        log = job.failed_path(sid)
+def error_rows_by_shard(job: JobDir) -> dict[str, int]:
+    """Rows that ops removed by raising (Data-Juicer's skip_op_error), per done shard that lost any."""
+    found = {}
+    for sid in sorted(job.done_ids()):
+        try:
+            rec = load_done(job, sid)
+        except IntegrityError:  # verify and merge say what is wrong with it
+            continue
+        if rec is not None and rec.error_rows > 0:
+            found[sid] = rec.error_rows
+    return found
+
+
+def describe_error_rows(found: dict[str, int]) -> str:
+    """``2 row(s) removed by op errors ... in 1 shard(s): part-...=2; ...`` or an empty string."""
+    if not found:
+        return ""
+    listing = ", ".join(f"{sid}={n}" for sid, n in list(found.items())[:5]) + (", ..." if len(found) > 5 else "")
     return (
-        f"shard {sid} failed terminally on host={rec.get('host')} after {rec.get('failures')} failure(s): "
-        f"{rec.get('error')}; see {log}; fix the cause, then "
-        f"`dj-elastic retry --job-dir {job.root} --shard-id {sid}` and submit the job again"
+        f"{sum(found.values())} row(s) removed by op errors (skip_op_error) in {len(found)} shard(s): {listing}; "
+        "each shard's process.log has the errors, `dj-elastic report` the ops"
     )

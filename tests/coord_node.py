@@ -1,10 +1,14 @@
 """One simulated node of a coordinated job: ``python -m tests.coord_node ...``.
 
-Stands in for ``dj-process`` with an elastic_shard recipe until the
-Data-Juicer executor is wired: it builds a ``JobSpec`` from its arguments
-(a prepare request over a test corpus, a runner from ``tests.runners``) and
-runs the real ``run_job``. Tests start several of these with distinct
-``DJ_ELASTIC_HOSTNAME`` values and one run id.
+The coordination (``run_job``) with toy runners instead of Ray, so protocol
+tests can start many nodes cheaply: it builds a ``JobSpec`` from its
+arguments (a prepare request over a test corpus, a runner from
+``tests.runners``) and runs the real ``run_job``. Tests start several of
+these with distinct ``DJ_ELASTIC_HOSTNAME`` values and one run id; the real
+``dj-process`` path is tested by tests/test_nodes.py.
+
+Timeouts default generously (a starved process on a loaded machine must
+not look dead); a test that needs one to expire passes it explicitly.
 """
 
 from __future__ import annotations
@@ -37,9 +41,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--strict", action="store_true", help="require_all_nodes")
     p.add_argument("--max-shards", type=int, default=None)
     p.add_argument("--max-retries", type=int, default=2)
-    p.add_argument("--wait-timeout", type=float, default=2.0)
+    p.add_argument("--wait-timeout", type=float, default=120.0)
     p.add_argument("--poll", type=float, default=0.1)
-    p.add_argument("--lock-timeout", type=float, default=2.0)
+    p.add_argument("--lock-timeout", type=float, default=60.0)
     p.add_argument("--prepare-sleep", type=float, default=0.0, help="the prepare factory sleeps this long first")
     p.add_argument("--prepare-error", default=None, help="the prepare factory raises UserError(this)")
     p.add_argument("--mark-dir", default=None, help="make_runner leaves <host>-<pid> here")

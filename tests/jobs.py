@@ -103,8 +103,34 @@ def attempt_outcomes(job: JobDir) -> dict[str, list[str]]:
     return result
 
 
-def concatenated_shards(job: JobDir) -> bytes:
-    return b"".join((job.root / s.path).read_bytes() for s in job.manifest().shards)
+def last_heartbeat(job: JobDir, sid: str, attempt: int) -> float:
+    """The mtime of a lease (its last renewal, by the shared filesystem's clock)."""
+    return os.lstat(job.claims_dir / f"{sid}@{attempt:04d}").st_mtime
+
+
+def takeover_delay(job: JobDir, sid: str, dead_attempt: int, last_beat: float) -> float:
+    """Seconds, by the shared filesystem's clock, from a dead lease's last heartbeat to the next attempt's claim.
+
+    DESIGN invariant 3: a lease is taken over no earlier than ``lock_timeout_secs`` after its last renewal.
+    """
+    info = orjson.loads((job.attempt_dir(sid, dead_attempt + 1) / "attempt.json").read_bytes())
+    return info["claimed_at"] - last_beat
+
+
+def assert_taken_over_after_timeout(job: JobDir, sid: str, dead_attempt: int, last_beat: float) -> None:
+    timeout = job.manifest().policy.lock_timeout_secs
+    delay = takeover_delay(job, sid, dead_attempt, last_beat)
+    assert delay >= timeout, (
+        f"{sid}: lease {dead_attempt} taken over {delay:.3f}s after its last heartbeat < {timeout}s"
+    )
+
+
+def input_bytes(job: JobDir) -> bytes:
+    """The original input file (``write_corpus``: no media keys, a final newline), which an identity run
+    must reproduce byte for byte: the expectation owes nothing to prepare's shards."""
+    path = Path(job.manifest().dataset_path)
+    assert path.is_file(), f"{path}: these helpers expect a single-file corpus"
+    return path.read_bytes()
 
 
 def spawn(cmd: list[str], *, log: Path | None = None, **env: str) -> subprocess.Popen:
@@ -138,12 +164,13 @@ def check_done_exactly_once(job: JobDir) -> dict[str, int]:
 
 
 def merge_and_check(job: JobDir, out: Path, expected: bytes | None = None) -> bytes:
-    """Merge; the output must equal ``expected`` (default: a fault-free identity run) and use the done attempts."""
+    """Merge; the output must equal ``expected`` (default: the input, as an identity run gives it back) and
+    copy exactly the done records' attempts."""
     from data_juicer_elastic.merge import merge
 
     merge(job, str(out), log=lambda *_: None)
     merged = out.read_bytes()
-    assert merged == (concatenated_shards(job) if expected is None else expected)
+    assert merged == (input_bytes(job) if expected is None else expected)
     record = orjson.loads(job.merge_record_path.read_bytes())
     assert {s["shard"]: s["attempt"] for s in record["shards"]} == done_attempts(job)
     return merged

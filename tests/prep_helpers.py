@@ -65,7 +65,11 @@ def lines_of(data: bytes) -> list[dict]:
 
 
 def fake_done(job: JobDir, sid: str, *, attempt: int = 1, host: str = "node-a", content: bytes | None = None) -> Path:
-    """Publish a done record for an identity run: the output is the shard itself (or ``content``)."""
+    """Publish a done record for an identity run: the output is the shard itself (or ``content``).
+
+    For outputs no real runner is asked to write (chosen content, a chosen attempt); test_merge.py checks
+    that these records have exactly the fields and values the real worker writes.
+    """
     out = job.attempt_output(sid, attempt)
     out.parent.mkdir(parents=True, exist_ok=True)
     data = job.shard_file(sid).read_bytes() if content is None else content
@@ -87,5 +91,13 @@ def fake_done(job: JobDir, sid: str, *, attempt: int = 1, host: str = "node-a", 
 
 
 def finish_all(job: JobDir, hosts: tuple[str, ...] = ("node-a",)) -> None:
-    for i, spec in enumerate(job.manifest().shards):
-        fake_done(job, spec.id, host=hosts[i % len(hosts)])
+    """Every shard done by the real worker with the identity runner, the hosts taking one shard in turn."""
+    from data_juicer_elastic.worker.loop import run_worker
+
+    from .runners import copy
+
+    total = len(job.manifest().shards)
+    for i in range(total):
+        result = run_worker(job.root, copy, host=hosts[i % len(hosts)], max_shards=1, log=lambda *_: None)
+        assert result.exit_code == 0 and len(result.completed) == 1, result
+    assert len(job.done_ids()) == total

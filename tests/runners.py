@@ -21,12 +21,25 @@ def copy(shard_path: str, output_path: str, job_dir: str) -> None:
     shutil.copyfile(shard_path, output_path)
 
 
+def _hold() -> None:
+    """Until the file DJE_TEST_HOLD names exists (a test's event), else DJE_TEST_SLEEP seconds."""
+    hold = os.environ.get("DJE_TEST_HOLD")
+    if not hold:
+        time.sleep(float(os.environ.get("DJE_TEST_SLEEP", "30")))
+        return
+    deadline = time.monotonic() + 600
+    while not os.path.exists(hold):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"runner held 600 s: {hold} never appeared")
+        time.sleep(0.02)
+
+
 def slow_copy(shard_path: str, output_path: str, job_dir: str) -> None:
-    """Sleeps DJE_TEST_SLEEP seconds (only for shards listed in DJE_TEST_SLOW_SHARDS, if set)."""
+    """Leaves ``started``, then holds (see ``_hold``), for shards in DJE_TEST_SLOW_SHARDS (all if unset)."""
     slow = os.environ.get("DJE_TEST_SLOW_SHARDS")
     if not slow or _shard_name(shard_path) in slow.split(","):
         Path(output_path).parent.joinpath("started").touch()
-        time.sleep(float(os.environ.get("DJE_TEST_SLEEP", "30")))
+        _hold()
     copy(shard_path, output_path, job_dir)
 
 
@@ -44,6 +57,29 @@ def weighted(shard_path: str, output_path: str, job_dir: str) -> None:
     copy(shard_path, output_path, job_dir)
 
 
+def together(shard_path: str, output_path: str, job_dir: str) -> None:
+    """Holds each shard until DJE_TEST_HOSTS distinct hosts hold leases (up to 300 s), then copies.
+
+    So every started node takes part, whatever the order the machine schedules them in.
+    """
+    import orjson
+
+    want = int(os.environ.get("DJE_TEST_HOSTS", "2"))
+    claims = Path(job_dir) / "state" / "claims"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        hosts = set()
+        for lease in claims.iterdir():
+            try:
+                hosts.add(orjson.loads(lease.read_bytes())["host"])
+            except (OSError, ValueError, KeyError):
+                continue
+        if len(hosts) >= want:
+            break
+        time.sleep(0.05)
+    copy(shard_path, output_path, job_dir)
+
+
 def _attempt_of(output_path: str) -> str:
     return Path(output_path).parent.name
 
@@ -55,7 +91,8 @@ def tag(shard_path: str, output_path: str, job_dir: str) -> None:
     slow = os.environ.get("DJE_TEST_SLOW_SHARDS")
     if not slow or _shard_name(shard_path) in slow.split(","):
         Path(output_path).parent.joinpath("started").touch()
-        time.sleep(float(os.environ.get("DJE_TEST_SLEEP", "0")))
+        if os.environ.get("DJE_TEST_HOLD") or os.environ.get("DJE_TEST_SLEEP"):
+            _hold()
     attempt = _attempt_of(output_path)
     with open(shard_path, "rb") as src, open(output_path, "wb") as out:
         for line in src:
@@ -80,3 +117,24 @@ def die_after_output(shard_path: str, output_path: str, job_dir: str) -> None:
         out.flush()
         os.fsync(out.fileno())
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def story(shard_path: str, output_path: str, job_dir: str) -> None:
+    """For the report test: hangs on every shard where DJE_TEST_HANG is set (a node to kill), fails the
+    first attempt of DJE_TEST_FAIL_ONCE shards, otherwise keeps every other row after DJE_TEST_UNIT seconds
+    and leaves an ``ops.json`` (rows in and out of one pretend Filter) as a counting runner does."""
+    import orjson
+
+    adir = Path(output_path).parent
+    if os.environ.get("DJE_TEST_HANG"):
+        adir.joinpath("started").touch()
+        time.sleep(600)
+    time.sleep(float(os.environ.get("DJE_TEST_UNIT", "0.2")))
+    if _shard_name(shard_path) in os.environ.get("DJE_TEST_FAIL_ONCE", "").split(",") and adir.name == "0001":
+        raise RuntimeError(f"injected first-attempt failure for {_shard_name(shard_path)}")
+    lines = Path(shard_path).read_bytes().splitlines(keepends=True)
+    kept = lines[::2]
+    Path(output_path).write_bytes(b"".join(kept))
+    op = {"op": "every_other_row_filter", "kind": "Filter", "rows_in": len(lines), "rows_out": len(kept)}
+    record = {"rows_in": len(lines), "rows_out": len(kept), "error_rows": 0, "ops": [{**op, "error_rows": 0}]}
+    adir.joinpath("ops.json").write_bytes(orjson.dumps(record))

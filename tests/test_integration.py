@@ -2,7 +2,8 @@
 
 Each recipe runs twice, as a real subprocess with its own Ray: once with
 ``executor_type: elastic_shard`` and once as one ``executor_type: ray`` run
-of the job's recipe snapshot over the whole input (the reference). The
+of the user's own recipe file (the same YAML, executor_type changed, this
+package switched off) over the whole input (the reference, tests/reference.py). The
 merged output must hold the same rows with the same values, in input order,
 except for what DESIGN.md invariant 6 allows: a key null on one side and
 absent on the other, media paths made absolute, ``index_key`` holding the
@@ -21,76 +22,17 @@ from typing import Any
 import pytest
 import yaml
 
+from .reference import (
+    REPO,
+    assert_matches_reference,
+    dj_process,
+    input_ids,
+    read_rows,
+    run_reference,
+    write_jsonl,
+)
+
 pytestmark = pytest.mark.slow
-
-REPO = Path(__file__).resolve().parent.parent
-# Nothing may be downloaded: no models, no datasets, no packages through Data-Juicer's lazy installer.
-OFFLINE = {
-    "HF_HUB_OFFLINE": "1",
-    "HF_DATASETS_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "PIP_NO_INDEX": "1",
-    "UV_OFFLINE": "1",
-    "RAY_USAGE_STATS_ENABLED": "0",
-    "PYTHONUNBUFFERED": "1",
-}
-DJ_PROCESS = str(Path(os.environ.get("VIRTUAL_ENV", Path(os.sys.executable).parent.parent)) / "bin" / "dj-process")
-
-
-def dj_process(
-    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: int = 400
-) -> subprocess.CompletedProcess:
-    full_env = {k: v for k, v in os.environ.items() if k not in ("DJ_ELASTIC_DISABLE", "RAY_JOB", "RAY_ADDRESS")}
-    full_env.update(OFFLINE, **(env or {}))
-    return subprocess.run([DJ_PROCESS, *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-
-
-def read_rows(path: Path) -> list[dict]:
-    """A JSONL file, or Ray's folder of part files."""
-    files = sorted(p for p in path.iterdir() if not p.name.startswith(".")) if path.is_dir() else [path]
-    return [json.loads(line) for f in files for line in f.read_text().splitlines() if line.strip()]
-
-
-def differences(a: Any, b: Any, where: str = "$") -> list[str]:
-    """Value differences, where a key null on one side and absent on the other counts as equal."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        out = []
-        for key in sorted(set(a) | set(b)):
-            if key not in a or key not in b:
-                present = b.get(key) if key not in a else a.get(key)
-                if present is not None:
-                    out.append(f"{where}.{key}: only on one side ({present!r})")
-            else:
-                out += differences(a[key], b[key], f"{where}.{key}")
-        return out
-    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in differences(x, y, f"{where}[{i}]")]
-    return [] if a == b else [f"{where}: {a!r} != {b!r}"]
-
-
-def assert_matches_reference(
-    merged: list[dict], reference: list[dict], input_ids: list[int], index_key: str | None = None
-) -> None:
-    position = {row_id: i for i, row_id in enumerate(input_ids)}
-    merged_ids = [r["id"] for r in merged]
-    assert merged_ids == sorted(merged_ids, key=position.__getitem__), "merged output is not in input order"
-    by_id = {r["id"]: r for r in reference}
-    assert len(by_id) == len(reference) and set(merged_ids) == set(by_id), (
-        f"rows differ: only merged {sorted(set(merged_ids) - set(by_id))[:10]}, "
-        f"only reference {sorted(set(by_id) - set(merged_ids))[:10]}"
-    )
-    problems = []
-    for row in merged:
-        row = dict(row)
-        if index_key:
-            assert row.pop(index_key) == position[row["id"]], f"{index_key} of id {row['id']} is not its row index"
-        problems += differences(row, by_id[row["id"]], f"id={row['id']}")
-    assert not problems, problems[:20]
 
 
 def run_elastic(config: Path, cwd: Path, *overrides: str) -> subprocess.CompletedProcess:
@@ -98,22 +40,6 @@ def run_elastic(config: Path, cwd: Path, *overrides: str) -> subprocess.Complete
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
     assert "PASS:" in out.stderr + out.stdout
     return out
-
-
-def run_reference(
-    job_dir: Path, out_dir: Path, *, dataset_path: Path | None = None, env: dict[str, str] | None = None
-) -> list[dict]:
-    """One executor_type ray run of the job's recipe snapshot (its overrides included) over the whole input."""
-    recipe = yaml.safe_load((job_dir / "recipe.yaml").read_text())
-    assert recipe["executor_type"] == "ray"
-    recipe.update(export_path=str(out_dir / "reference.jsonl"), ray_address="local")
-    if dataset_path is not None:
-        recipe["dataset_path"] = str(dataset_path)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "reference.yaml").write_text(yaml.safe_dump(recipe))
-    out = dj_process("--config", str(out_dir / "reference.yaml"), cwd=out_dir, env=env)
-    assert out.returncode == 0, out.stderr[-5000:]
-    return read_rows(out_dir / "reference.jsonl")
 
 
 def elastic_recipe(path: Path, dataset: Path, export: Path, job: Path, process: list, **extra: Any) -> Path:
@@ -139,12 +65,6 @@ def elastic_recipe(path: Path, dataset: Path, export: Path, job: Path, process: 
     return path
 
 
-def input_ids(root: Path) -> list[int]:
-    """Ids in input order: files by relative path, lines in file order."""
-    files = [root] if root.is_file() else sorted(root.rglob("*.jsonl"), key=lambda p: p.relative_to(root).as_posix())
-    return [json.loads(line)["id"] for f in files for line in f.read_text().splitlines()]
-
-
 # --------------------------------------------------------------------------- recipe 1: index_key, CLI overrides
 @pytest.fixture(scope="module")
 def index_job(tmp_path_factory):
@@ -168,10 +88,20 @@ def index_job(tmp_path_factory):
             {"words_num_filter": {"lang": "en", "tokenization": False, "min_num": 4}},
         ],
     )
-    out = run_elastic(config, tmp, "--elastic_shard.num_shards", "3", "--text_length_filter.min_len", "40")
+    op_override = ("--text_length_filter.min_len", "40")
+    out = run_elastic(config, tmp, "--elastic_shard.num_shards", "3", *op_override)
     merged = read_rows(tmp / "out" / "merged.jsonl")
-    reference = run_reference(tmp / "job", tmp / "ref")
-    return {"tmp": tmp, "data": data, "job": tmp / "job", "merged": merged, "reference": reference, "log": out}
+    reference = run_reference(config, tmp / "ref", cwd=tmp, overrides=op_override)
+    return {
+        "tmp": tmp,
+        "config": config,
+        "overrides": op_override,
+        "data": data,
+        "job": tmp / "job",
+        "merged": merged,
+        "reference": reference,
+        "log": out,
+    }
 
 
 def test_index_key_recipe_matches_one_ray_run(index_job):
@@ -195,8 +125,11 @@ def test_command_line_overrides_are_honoured(index_job):
 
 
 def test_builtin_ray_executor_is_unchanged_by_the_plugin(index_job):
-    """The reference above ran with the plugin active; the same run with it switched off gives the same rows."""
-    plain = run_reference(index_job["job"], index_job["tmp"] / "ref-disabled", env={"DJ_ELASTIC_DISABLE": "1"})
+    """The reference above ran with the plugin switched off; the same run with it active gives the same rows."""
+    active = index_job["tmp"] / "ref-active"
+    plain = run_reference(
+        index_job["config"], active, cwd=index_job["tmp"], overrides=index_job["overrides"], plugin=True
+    )
     key = lambda r: r["id"]  # noqa: E731  (Ray does not promise an order without preserve_order)
     assert sorted(plain, key=key) == sorted(index_job["reference"], key=key)
 
@@ -247,7 +180,7 @@ def test_custom_operator_recipe_matches_one_ray_run(tmp_path):
     )
     run_elastic(config, tmp_path)
     merged = read_rows(tmp_path / "out" / "merged.jsonl")
-    reference = run_reference(tmp_path / "job", tmp_path / "ref")
+    reference = run_reference(config, tmp_path / "ref", cwd=tmp_path)
     assert_matches_reference(merged, reference, input_ids(data))
     assert merged and all(r["id"] % 2 == 1 and r["tag"].startswith("len-mod-5-") for r in merged)
     snapshot = yaml.safe_load((tmp_path / "job" / "recipe.yaml").read_text())
@@ -326,7 +259,7 @@ def test_relative_media_paths_in_a_nested_folder(tmp_path):
             if row.get("images"):
                 row["images"] = [os.path.join(root, p) for p in row["images"]]
         write_jsonl(ref_root / rel, rows)
-    reference = run_reference(tmp_path / "job", tmp_path / "ref", dataset_path=ref_root)
+    reference = run_reference(config, tmp_path / "ref", cwd=tmp_path, dataset_path=ref_root)
     assert_matches_reference(merged, reference, input_ids(root))
     with_images = [r for r in merged if r.get("images")]
     assert with_images and all(os.path.isabs(p) and os.path.exists(p) for r in with_images for p in r["images"])

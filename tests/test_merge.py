@@ -54,11 +54,25 @@ def test_merge_of_identity_outputs_is_the_normalised_input(tmp_path: Path, job: 
     assert record["output"] == str(out) and record["rows"] == 200 and record["bytes"] == len(merged)
     assert record["sha256"] == hashlib.sha256(merged).hexdigest()
     assert [s["shard"] for s in record["shards"]] == [s.id for s in job.manifest().shards]
-    assert [s["host"] for s in record["shards"]] == ["node-a", "node-b"] * 2 + ["node-a"]
+    done = {sid: read_json(job.done_path(sid)) for sid in job.done_ids()}
+    assert [s["host"] for s in record["shards"]] == [done[s["shard"]]["host"] for s in record["shards"]]
+    assert sorted(s["host"] for s in record["shards"]) == ["node-a"] * 3 + ["node-b"] * 2
     assert all(s["attempt"] == 1 for s in record["shards"])
     assert record["started_at"] <= record["finished_at"]
     assert "200 rows" in logs[0] and "MB/s" in logs[0]
     assert _no_temp_files(out.parent)
+
+
+def test_fake_done_records_are_what_the_real_worker_writes(tmp_path: Path, job: JobDir) -> None:
+    finish_all(job)
+    sid = job.manifest().shards[0].id
+    real = read_json(job.done_path(sid))
+    os.unlink(job.done_path(sid))
+    fake_done(job, sid, host=real["host"])
+    fake = read_json(job.done_path(sid))
+    assert sorted(fake) == sorted(real)
+    volatile = ("pid", "started_at", "finished_at")
+    assert {k: v for k, v in fake.items() if k not in volatile} == {k: v for k, v in real.items() if k not in volatile}
 
 
 def test_merge_uses_the_recorded_attempt(tmp_path: Path, job: JobDir) -> None:

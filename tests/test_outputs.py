@@ -7,7 +7,8 @@ import hashlib
 import pytest
 
 from data_juicer_elastic.errors import IntegrityError
-from data_juicer_elastic.worker.outputs import BLOCK, inspect_output
+from data_juicer_elastic.storage.blocks import BLOCK
+from data_juicer_elastic.worker.outputs import inspect_output
 
 
 @pytest.mark.parametrize(

@@ -51,9 +51,9 @@ def _busy_fast_worker(job, pace: float) -> tuple[Worker, threading.Event, thread
 
     fast = Worker(job.root, gated, host="fast", log=lambda *_: None)
     fast.pace.add(pace)
-    lease, _, _ = fast._claim_next()
+    lease, _, _ = fast.claim_next()
     assert lease is not None
-    thread = threading.Thread(target=fast._run_attempt, args=(lease, False))
+    thread = threading.Thread(target=fast.run_attempt, args=(lease, False))
     thread.start()
     assert started.wait(10)
     return fast, gate, thread
@@ -67,20 +67,20 @@ def test_slow_worker_leaves_the_last_shards_to_a_faster_busy_one(tmp_path):
         assert info["pace"] == 5.0 and info["claimed_at"] > 0 and info["final"] is False
 
         slow = Worker(job.root, copy, host="slow", log=lambda *_: None)
-        lease, _, _ = slow._claim_next()  # no pace of its own yet: it claims
+        lease, _, _ = slow.claim_next()  # no pace of its own yet: it claims
         assert lease is not None
         slow.store.release(lease)
 
         slow.pace.add(60.0)  # three free shards: done by the busy worker in <= 20 s, before 60 s
-        assert slow._claim_next()[0] is None
+        assert slow.claim_next()[0] is None
 
         quick = Worker(job.root, copy, host="quick", log=lambda *_: None)
         quick.pace.add(1.0)  # faster than the busy worker: it claims
-        assert quick._claim_next()[0] is not None
+        assert quick.claim_next()[0] is not None
     finally:
         gate.set()
         thread.join()
-    assert slow._claim_next()[0] is not None  # nobody busy is left to count on
+    assert slow.claim_next()[0] is not None  # nobody busy is left to count on
 
 
 def test_an_overdue_busy_worker_is_not_counted_on(tmp_path):
@@ -90,7 +90,7 @@ def test_an_overdue_busy_worker_is_not_counted_on(tmp_path):
         slow = Worker(job.root, copy, host="slow", log=lambda *_: None)
         slow.pace.add(60.0)
         time.sleep(0.5)  # the busy attempt has now run past twice its pace (0.4 s)
-        assert slow._claim_next()[0] is not None
+        assert slow.claim_next()[0] is not None
     finally:
         gate.set()
         thread.join()

@@ -499,3 +499,26 @@ except SystemExit as exc:
         timeout=120,
     )
     assert plain.stdout.split() == ["imported", "False"], plain.stdout + plain.stderr[-2000:]
+
+
+def test_auto_num_shards_sizes_the_files_prepare_reads(tmp_path, monkeypatch):
+    """A linked input folder and file count, a job dir inside the dataset does not: as prepare reads them."""
+    from data_juicer_elastic.plugin import executor
+    from data_juicer_elastic.prepare.inputs import discover
+
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "deep").mkdir(parents=True)
+    (elsewhere / "deep" / "b.jsonl").write_bytes(b'{"text": "b"}\n' * 300)
+    (elsewhere / "c.jsonl").write_bytes(b'{"text": "c"}\n' * 200)
+    data = tmp_path / "data"
+    (data / "job" / "shards").mkdir(parents=True)
+    (data / "a.jsonl").write_bytes(b'{"text": "a"}\n' * 100)
+    (data / "linked").symlink_to(elsewhere / "deep", target_is_directory=True)
+    (data / "c.jsonl").symlink_to(elsewhere / "c.jsonl")
+    (data / "job" / "shards" / "part-00000-of-00001.jsonl").write_bytes(b'{"text": "x"}\n' * 1000)
+
+    read = discover(str(data), exclude=(str(data / "job"),)).inputs
+    assert sorted(s.rel for s in read) == ["a.jsonl", "c.jsonl", "linked/b.jsonl"]
+    assert executor.input_bytes(str(data), str(data / "job")) == 14 * 600 == sum(s.seen.size for s in read)
+    monkeypatch.setattr(executor, "AUTO_SHARD_BYTES", 14 * 100)
+    assert executor.auto_num_shards(str(data), None, str(data / "job")) == 6

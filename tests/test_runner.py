@@ -221,4 +221,16 @@ def test_join_parts_orders_by_write_task(tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")  # Data-Juicer writes an empty file when nothing is left
     assert join_parts(empty, out) == 0 and out.read_bytes() == b""
-    assert join_parts(tmp_path / "missing", out) == 0
+
+
+def test_join_parts_fails_closed_on_a_missing_or_odd_export(tmp_path):
+    """An export that vanished or is not what Ray writes fails the attempt instead of publishing 0 rows."""
+    out = tmp_path / "processed.jsonl"
+    with pytest.raises(IntegrityError, match="export is missing"):
+        join_parts(tmp_path / "missing", out)
+    assert not out.exists()
+    stray = tmp_path / "export.jsonl"
+    stray.write_text('{"i": 0}\n')
+    with pytest.raises(IntegrityError, match="neither Ray's export folder nor an empty file"):
+        join_parts(stray, out)
+    assert not out.exists()

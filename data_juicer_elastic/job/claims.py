@@ -14,9 +14,9 @@ second: sshfs turns an mtime of 0 into "now"), which makes it claimable at once.
 from __future__ import annotations
 
 import os
-import threading
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +24,8 @@ import orjson
 
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.storage.files import create_exclusive, dumps_json, server_now, touch
+from data_juicer_elastic.storage.host import hostname
+from data_juicer_elastic.storage.refresher import LeaseRefresher
 
 SEP = "@"
 RELEASED_MTIME = 1  # a released lease's mtime; anything at or below it reads as released
@@ -132,6 +134,11 @@ class ClaimStore:
             pass
 
 
+def claim_store(job: JobDir, host: str | None = None) -> ClaimStore:
+    """The claim store of this process for ``job``, with the manifest's lock timeout."""
+    return ClaimStore(job, lock_timeout=job.manifest().policy.lock_timeout_secs, host=host or hostname())
+
+
 def _mtime(path: Path) -> float:
     try:
         return os.lstat(path).st_mtime
@@ -139,32 +146,6 @@ def _mtime(path: Path) -> float:
         return 0.0  # unknown: pacing then ignores this attempt
 
 
-class Heartbeat:
-    """Renews a lease from a background thread until stopped or superseded."""
-
-    def __init__(self, store: ClaimStore, lease: Lease, interval: float) -> None:
-        self.store = store
-        self.lease = lease
-        self.interval = interval
-        self.superseded = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{lease.shard}", daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                if not self.store.is_current(self.lease):
-                    self.superseded.set()
-                    return
-                self.store.renew(self.lease)
-            except OSError:
-                # A flaky shared mount: keep trying; the lease just ages meanwhile.
-                continue
-
-    def __enter__(self) -> Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+def heartbeat(store: ClaimStore, lease: Lease, interval: float, log: Callable[[str], None]) -> LeaseRefresher:
+    """Renews ``lease`` while its attempt runs; ``.lost`` is set once a later attempt superseded it."""
+    return LeaseRefresher(lease.path, interval, still_ours=lambda: store.is_current(lease), log=log)

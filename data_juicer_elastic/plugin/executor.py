@@ -25,25 +25,27 @@ from data_juicer_elastic.job.versions import current_versions
 from data_juicer_elastic.plugin.recipe import snapshot_of
 from data_juicer_elastic.plugin.runner import RayShardRunner
 from data_juicer_elastic.plugin.schema import NAME, ElasticShardSettings, settings_from_cfg
-from data_juicer_elastic.plugin.validation import INPUT_SUFFIXES, recipe_keys
+from data_juicer_elastic.plugin.validation import recipe_keys
 from data_juicer_elastic.prepare.driver import PrepareRequest
+from data_juicer_elastic.prepare.inputs import discover
+from data_juicer_elastic.watch import ProgressTicker
 
 AUTO_SHARD_BYTES = 256 << 20  # num_shards "auto": about this much input per shard
 
 
-def input_bytes(dataset_path: str) -> int:
-    """Size of the JSONL input (a file, or every *.jsonl[.gz|.zst] below a directory)."""
-    if os.path.isfile(dataset_path):
-        return os.path.getsize(dataset_path)
-    total = 0
-    for root, _dirs, files in os.walk(dataset_path):
-        total += sum(os.path.getsize(os.path.join(root, f)) for f in files if f.endswith(INPUT_SUFFIXES))
-    return total
+def input_bytes(dataset_path: str, job_dir: str | None = None) -> int:
+    """Size of the input files exactly as prepare will find them (``prepare.inputs.discover``).
+
+    The same discovery, so links, the staging folders and a job dir inside the
+    dataset count here as they do in prepare.
+    """
+    exclude = (job_dir,) if job_dir else ()
+    return sum(spec.seen.size for spec in discover(dataset_path, exclude=exclude).inputs)
 
 
-def auto_num_shards(dataset_path: str, nodes: int | None = None) -> int:
+def auto_num_shards(dataset_path: str, nodes: int | None = None, job_dir: str | None = None) -> int:
     """About one shard per AUTO_SHARD_BYTES, at least one per node, a multiple of ``nodes``."""
-    shards = max(1, math.ceil(input_bytes(dataset_path) / AUTO_SHARD_BYTES))
+    shards = max(1, math.ceil(input_bytes(dataset_path, job_dir) / AUTO_SHARD_BYTES))
     if nodes:
         shards = math.ceil(max(shards, nodes) / nodes) * nodes
     return shards
@@ -51,7 +53,7 @@ def auto_num_shards(dataset_path: str, nodes: int | None = None) -> int:
 
 def policy_from(settings: ElasticShardSettings, dataset_path: str) -> Policy:
     n = settings.num_shards
-    num_shards = auto_num_shards(dataset_path, settings.nodes) if n == "auto" else int(n)
+    num_shards = auto_num_shards(dataset_path, settings.nodes, settings.job_dir) if n == "auto" else int(n)
     return Policy(
         num_shards=num_shards,
         lock_timeout_secs=float(settings.lock_timeout_secs),
@@ -123,7 +125,9 @@ class ElasticShardExecutor(ExecutorBase):
 
     def run(self, load_data_np: int | None = None, skip_return: bool = False) -> None:
         """This process's part of the job; raises JobFailed (with the shared exit code) unless it passed."""
-        code = run_job(self.spec, log=logger.info)
+        interval = settings_from_cfg(self.cfg).progress_interval_secs
+        with ProgressTicker(self.spec.job_dir, interval, logger.info):
+            code = run_job(self.spec, log=logger.info)
         if code != 0:
             error = JobFailed(
                 f"elastic_shard job {self.spec.job_dir} ended with exit code {code} (see the FAIL line above); "

@@ -122,10 +122,28 @@ def patch_config(module: ModuleType) -> bool:
     def init_setup_from_cfg_checked(cfg: Any, *args: Any, **kwargs: Any) -> Any:
         # before the original creates the work dir, logs and backups
         on_parsed(cfg, getattr(module, "_normalize_partition_size_config", None))
-        return init_setup_from_cfg(cfg, *args, **kwargs)
+        result = init_setup_from_cfg(cfg, *args, **kwargs)
+        if cfg.get("executor_type") == NAME:  # after Data-Juicer set its logger up, before the config table
+            from data_juicer_elastic.plugin.console import install_story_console
+            from data_juicer_elastic.plugin.schema import settings_from_cfg
+
+            install_story_console(settings_from_cfg(cfg).console)
+        return result
+
+    display_config = getattr(module, "display_config", None)
+
+    @functools.wraps(display_config)
+    def display_config_quiet(cfg: Any) -> Any:
+        from data_juicer_elastic.plugin.console import story_on
+
+        if cfg.get("executor_type") == NAME and story_on():
+            return None  # the resolved recipe is in the job dir (recipe.yaml) and DJ's work dir backup
+        return display_config(cfg)
 
     module.build_base_parser = build_base_parser_extended
     module.init_setup_from_cfg = init_setup_from_cfg_checked
+    if display_config is not None:
+        module.display_config = display_config_quiet
     return True
 
 
@@ -156,16 +174,22 @@ class _Handoff(BaseException):
     """
 
     def __init__(self, cfg: Any) -> None:
-        super().__init__("handoff")
+        super().__init__(cfg)  # in args, so a copy (pickle) carries it too
         self.cfg = cfg
+
+    def __str__(self) -> str:
+        return "handoff"
 
 
 class _UserFailure(BaseException):
     """Carries an ElasticError out of the original main without a logged traceback."""
 
     def __init__(self, error: ElasticError) -> None:
-        super().__init__(str(error))
+        super().__init__(error)
         self.error = error
+
+    def __str__(self) -> str:
+        return str(self.error)
 
 
 def report(error: ElasticError) -> int:

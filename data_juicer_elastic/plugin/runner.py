@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import logging
 import os
+import shutil
 import signal
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +32,8 @@ import yaml
 
 from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.plugin import opcounts
+from data_juicer_elastic.plugin.console import attempt_log, quiet_ray_console, route_ray_worker_logs
 from data_juicer_elastic.plugin.shard_io import ShardLoader, join_parts, read_shard, remove
 from data_juicer_elastic.plugin.warm_ops import WarmOps
 
@@ -71,6 +71,7 @@ def start_ray(address: str, py_modules: list[str] | None = None) -> bool:
     from data_juicer.utils.mm_utils import SPECIAL_TOKEN_ENV_PREFIX
 
     os.environ[RAY_JOB_ENV_VAR] = "1"
+    quiet_ray_console()
     with _ray_lock:
         if ray.is_initialized():
             return False
@@ -85,6 +86,7 @@ def start_ray(address: str, py_modules: list[str] | None = None) -> bool:
         main = threading.current_thread() is threading.main_thread()
         saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)} if main else {}
         ray.init(address=address, **kwargs)
+        route_ray_worker_logs()
         for sig, handler in saved.items():
             if callable(handler) and signal.getsignal(sig) is not handler:
                 signal.signal(sig, handler)
@@ -187,28 +189,6 @@ def attempt_config(base: Any, shard_path: str, attempt_dir: str) -> Any:
     return cfg
 
 
-# --------------------------------------------------------------------------- logs
-@contextmanager
-def attempt_log(path: Path, level: str = "INFO") -> Iterator[None]:
-    """Data-Juicer's (loguru) and Ray's (logging) messages of this attempt also go to ``path``."""
-    from loguru import logger
-
-    sink = logger.add(str(path), level=level, backtrace=False, diagnose=False, enqueue=False)
-    handler = logging.FileHandler(path, encoding="utf-8")
-    handler.setLevel(level)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    ray_loggers = [logging.getLogger("ray"), logging.getLogger("ray.data")]
-    for lg in ray_loggers:
-        lg.addHandler(handler)
-    try:
-        yield
-    finally:
-        for lg in ray_loggers:
-            lg.removeHandler(handler)
-        handler.close()
-        logger.remove(sink)
-
-
 # --------------------------------------------------------------------------- runner
 @dataclass
 class _Job:
@@ -297,27 +277,20 @@ class RayShardRunner:
         t0 = time.perf_counter()
         key = os.path.abspath(job_dir)
         base = self.prepare_job(key)
-        attempt_dir = Path(output_path).parent
         configure_ray_data()
-        cfg = attempt_config(base, os.path.abspath(shard_path), str(attempt_dir))
+        cfg = attempt_config(base, os.path.abspath(shard_path), str(Path(output_path).parent))
         attempt = ShardAttempt(self._jobs[key], cfg, Path(output_path), read_shard(cfg))
         attempt.seconds["load"] = time.perf_counter() - t0
         return attempt
 
     def process(self, attempt: ShardAttempt) -> ShardAttempt:
         """Data-Juicer's RayExecutor on the loaded shard, actor-mode ops on the job's warm actors."""
-        from data_juicer.core.executor.ray_executor import RayExecutor
-
         with attempt_log(attempt.dir / LOG_NAME, self.log_level):
             from loguru import logger
 
             attempt.started = time.perf_counter()
             try:
-                executor = RayExecutor(attempt.cfg)
-                executor.datasetbuilder = ShardLoader(executor.cfg, attempt.data)
-                with attempt.job.warm.active(attempt.cfg.work_dir):
-                    dataset = executor.run()
-                attempt.expected = dataset.data.count() if dataset is not None else None
+                attempt.expected = self._execute(attempt)
             except Exception as exc:
                 logger.error(f"shard {Path(attempt.cfg.dataset_path).name} failed: {type(exc).__name__}: {exc}")
                 raise
@@ -325,6 +298,23 @@ class RayShardRunner:
                 attempt.data = None  # the object store may drop the shard now
                 attempt.ended = time.perf_counter()
         return attempt
+
+    def _execute(self, attempt: ShardAttempt) -> int | None:
+        """RayExecutor.run on the attempt's config; the rows Ray reports."""
+        from data_juicer.core.executor.ray_executor import RayExecutor
+
+        executor = RayExecutor(attempt.cfg)
+        sink = opcounts.new_sink() if opcounts.enabled() else None
+        try:
+            executor.datasetbuilder = loader = ShardLoader(executor.cfg, sink, attempt.data)
+            with attempt.job.warm.active(attempt.cfg.work_dir):
+                dataset = executor.run()
+            if sink:
+                opcounts.collect(sink, loader.dataset.op_names, loader.rows_in, attempt.dir)
+        finally:
+            if sink:
+                shutil.rmtree(sink, ignore_errors=True)
+        return dataset.data.count() if dataset is not None else None
 
     def finish(self, attempt: ShardAttempt) -> None:
         """Join Ray's part files, in order, into the attempt's output; check the row count."""

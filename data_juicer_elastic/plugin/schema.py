@@ -12,26 +12,34 @@ from typing import Any, Literal, Optional, Union
 
 from jsonargparse.typing import NonNegativeInt, PositiveFloat, PositiveInt
 
+from data_juicer_elastic.coordination.spec import JobSpec
+from data_juicer_elastic.job.layout import Policy
+
 NAME = "elastic_shard"
 KEY = NAME  # the recipe key of the block
 
 
 @dataclass(frozen=True)
 class ElasticShardSettings:
+    """The block's values. Defaults come from where each setting is used: the manifest's ``Policy``
+    (fixed at prepare) and the submission's ``JobSpec``, so the three never disagree."""
+
     job_dir: str | None = None
     num_shards: int | str = "auto"
-    lock_timeout_secs: float = 300.0
-    heartbeat_secs: float = 30.0
-    max_retries: int = 2
-    poll_interval_secs: float = 5.0
-    wait_timeout_secs: float | None = 3600.0
-    run_id: str | None = None
-    nodes: int | None = None
-    require_all_nodes: bool = False
-    max_shards: int | None = None
-    prefetch_shards: int = 1
-    ray_address: str = "local"
-    allow_version_mismatch: bool = False
+    lock_timeout_secs: float = Policy.lock_timeout_secs
+    heartbeat_secs: float = Policy.heartbeat_secs
+    max_retries: int = Policy.max_retries
+    poll_interval_secs: float = Policy.poll_interval_secs
+    wait_timeout_secs: float | None = JobSpec.wait_timeout_secs
+    run_id: str | None = JobSpec.run_id
+    nodes: int | None = JobSpec.nodes
+    require_all_nodes: bool = JobSpec.require_all_nodes
+    max_shards: int | None = JobSpec.max_shards
+    prefetch_shards: int = JobSpec.prefetch_shards
+    ray_address: str = Policy.ray_address
+    allow_version_mismatch: bool = JobSpec.allow_version_mismatch
+    console: str = "story"
+    progress_interval_secs: float | None = 30.0
 
 
 # key -> (jsonargparse type, help); defaults come from the dataclass
@@ -75,6 +83,18 @@ _ARGS: dict[str, tuple[Any, str]] = {
     "allow_version_mismatch": (
         bool,
         "Let a node whose Data-Juicer / data-juicer-elastic versions differ from the manifest's work anyway.",
+    ),
+    "console": (
+        Literal["story", "full"],
+        "'story': the console shows this project's lines (elections, one line per shard, progress) and "
+        "Data-Juicer's and Ray's warnings and errors, each once; everything else goes to each attempt's "
+        "process.log. 'full': Data-Juicer's and Ray's console output as they ship it "
+        "(the environment variable DJ_ELASTIC_CONSOLE=full does the same).",
+    ),
+    "progress_interval_secs": (
+        Optional[PositiveFloat],
+        "How often each process logs one progress line for the whole job (shards done/running/pending, "
+        "hosts, rows/s, ETA) read from the job dir; null turns it off.",
     ),
 }
 

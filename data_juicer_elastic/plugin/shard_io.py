@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from data_juicer_elastic.errors import IntegrityError
+from data_juicer_elastic.storage.blocks import Digester, blocks
 
 _PART_RE = re.compile(r"^(?P<prefix>.+)_(?P<task>\d{6,})\.json$")
 
@@ -30,19 +31,25 @@ class ShardLoader:
 
     executor_type = "ray"  # read by RayExecutor.run
 
-    def __init__(self, cfg: Any, data: Any = None) -> None:
+    def __init__(self, cfg: Any, count_sink: str | None = None, data: Any = None) -> None:
         self.cfg = cfg
+        self.count_sink = count_sink  # see opcounts: per-op row counts land there
         self.data = data  # the shard already read (``read_shard``), e.g. while the previous shard ran
+        self.dataset: Any = None
+        self.rows_in = 0
 
     def load_dataset(self, **_: Any) -> Any:
-        from data_juicer.core.data.ray_dataset import RayDataset
+        from data_juicer_elastic.plugin.opcounts import counting_dataset_class
 
         data = self.data if self.data is not None else read_shard(self.cfg)
-        return RayDataset(data, dataset_path=self.cfg.dataset_path, cfg=self.cfg)
+        self.rows_in = data.count()  # metadata of a materialised dataset: no pass over the rows
+        self.dataset = counting_dataset_class()(data, dataset_path=self.cfg.dataset_path, cfg=self.cfg)
+        self.dataset.count_sink, self.dataset.op_names = self.count_sink, []
+        return self.dataset
 
 
 def read_shard(cfg: Any) -> Any:
-    """The shard of an attempt's config, read and materialised in Ray's object store (thread-safe)."""
+    """The shard of an attempt's config, read and materialised in Ray's object store (any thread)."""
     from data_juicer.core.data.ray_dataset import RayDataset
 
     read_kwargs: dict[str, Any] = {"override_num_blocks": getattr(cfg, "override_num_blocks", None)}
@@ -70,22 +77,25 @@ def part_files(export_dir: Path) -> list[Path]:
 
 
 def join_parts(export_path: Path, output_path: Path) -> int:
-    """Concatenate the part files into ``output_path``; returns the number of rows written."""
+    """Concatenate the part files into ``output_path``; returns the number of rows written.
+
+    Fails closed: an export that is missing, or neither a folder nor Data-Juicer's
+    empty-dataset file, fails the attempt rather than publishing an empty output.
+    """
+    if not export_path.is_dir() and (not export_path.is_file() or export_path.stat().st_size):
+        what = "is missing" if not export_path.exists() else "is neither Ray's export folder nor an empty file"
+        raise IntegrityError(f"{export_path}: the attempt's export {what}; the shard's output cannot be trusted")
     rows = 0
     with open(output_path, "wb") as out:
-        if export_path.is_dir():
-            for part in part_files(export_path):
-                last = b"\n"
-                with open(part, "rb") as src:
-                    while chunk := src.read(16 << 20):
-                        out.write(chunk)
-                        rows += chunk.count(b"\n")
-                        last = chunk[-1:]
-                if last != b"\n":
-                    out.write(b"\n")
-                    rows += 1
-        elif export_path.exists() and export_path.stat().st_size:  # Data-Juicer's empty-dataset file
-            raise IntegrityError(f"{export_path}: expected Ray's export folder or an empty file")
+        for part in part_files(export_path) if export_path.is_dir() else ():
+            counted = Digester(sha256=False)
+            for block in blocks(part):
+                out.write(block)
+                counted.update(block)
+            rows += counted.rows
+            if not counted.result().ends_with_newline:
+                out.write(b"\n")
+                rows += 1
         out.flush()
         os.fsync(out.fileno())
     return rows

@@ -20,8 +20,9 @@ from urllib.parse import urlparse
 
 from data_juicer_elastic.errors import UserError
 from data_juicer_elastic.plugin.schema import KEY, settings_from_cfg
+from data_juicer_elastic.prepare.inputs import SUFFIXES
 
-INPUT_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
+INPUT_SUFFIXES = tuple(SUFFIXES)  # what prepare reads
 MEDIA_KEY_OPTIONS = ("image_key", "audio_key", "video_key")
 # recipe keys whose op lists are themselves ops (fused ops)
 _NESTED_LISTS = {"fused_op_list": "op", "op_specs": "spec"}
@@ -116,36 +117,52 @@ def _is_remote(path: str) -> bool:
 
 
 def path_problems(cfg: Any) -> list[str]:
-    problems = []
+    """What is wrong with the job dir, the input, the output and the lease timings."""
     settings = settings_from_cfg(cfg)
-    if not settings.job_dir:
+    problems = [*_job_dir_problems(settings.job_dir), *_dataset_problems(cfg), *_export_problems(cfg)]
+    if settings.heartbeat_secs >= settings.lock_timeout_secs:
         problems.append(
+            f"{KEY}.heartbeat_secs ({settings.heartbeat_secs}) must be below {KEY}.lock_timeout_secs "
+            f"({settings.lock_timeout_secs}), or live leases look stale"
+        )
+    return problems
+
+
+def _job_dir_problems(job_dir: str | None) -> list[str]:
+    if not job_dir:
+        return [
             f"{KEY}.job_dir is not set; give a directory on the filesystem all nodes share, "
             f"e.g. {KEY}: {{job_dir: /mnt/shared/jobs/my-job-001}}"
-        )
-    elif _is_remote(settings.job_dir):
-        problems.append(f"{KEY}.job_dir {settings.job_dir!r} is a URL; it must be a shared POSIX directory")
+        ]
+    if _is_remote(job_dir):
+        return [f"{KEY}.job_dir {job_dir!r} is a URL; it must be a shared POSIX directory"]
+    return []
 
+
+def _dataset_problems(cfg: Any) -> list[str]:
     dataset_path = cfg.get("dataset_path") or ""
     if not dataset_path:
         if cfg.get("dataset") or cfg.get("generated_dataset_config"):
-            problems.append(
+            return [
                 "dataset / generated_dataset_config are not supported by elastic_shard; "
                 "set dataset_path to a local JSONL file or a directory of JSONL files"
-            )
-        else:
-            problems.append("dataset_path is not set; set it to a local JSONL file or a directory of JSONL files")
-    elif _is_remote(dataset_path):
-        problems.append(f"dataset_path {dataset_path!r} is remote; elastic_shard reads a local JSONL file or folder")
-    elif not os.path.exists(dataset_path):
+            ]
+        return ["dataset_path is not set; set it to a local JSONL file or a directory of JSONL files"]
+    if _is_remote(dataset_path):
+        return [f"dataset_path {dataset_path!r} is remote; elastic_shard reads a local JSONL file or folder"]
+    if not os.path.exists(dataset_path):
         hint = " (weighted mixtures '<w1> <path1> ...' are not supported)" if " " in dataset_path.strip() else ""
-        problems.append(f"dataset_path {dataset_path!r} does not exist{hint}")
-    elif os.path.isfile(dataset_path) and not dataset_path.endswith(INPUT_SUFFIXES):
-        problems.append(
+        return [f"dataset_path {dataset_path!r} does not exist{hint}"]
+    if os.path.isfile(dataset_path) and not dataset_path.endswith(INPUT_SUFFIXES):
+        return [
             f"dataset_path {dataset_path!r} is not JSONL; elastic_shard reads files named "
             f"{', '.join('*' + s for s in INPUT_SUFFIXES)} (or a folder of them)"
-        )
+        ]
+    return []
 
+
+def _export_problems(cfg: Any) -> list[str]:
+    problems = []
     export_path = cfg.get("export_path") or ""
     if _is_remote(export_path):
         problems.append(f"export_path {export_path!r} is remote; elastic_shard writes one local .jsonl file")
@@ -157,11 +174,6 @@ def path_problems(cfg: Any) -> list[str]:
         problems.append("export_shard_size is not supported; elastic_shard merges everything into export_path")
     if cfg.get("encrypt_before_export"):
         problems.append("encrypt_before_export is not supported by elastic_shard (the merge reads the outputs)")
-    if settings.heartbeat_secs >= settings.lock_timeout_secs:
-        problems.append(
-            f"{KEY}.heartbeat_secs ({settings.heartbeat_secs}) must be below {KEY}.lock_timeout_secs "
-            f"({settings.lock_timeout_secs}), or live leases look stale"
-        )
     return problems
 
 

@@ -16,9 +16,7 @@ import dataclasses
 import hashlib
 import os
 import shutil
-import socket
 import time
-import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from dataclasses import dataclass, field
@@ -31,7 +29,6 @@ from data_juicer_elastic.errors import UserError
 from data_juicer_elastic.job.layout import InputFile, JobDir, Manifest, Policy, ShardSource, ShardSpec, shard_id
 from data_juicer_elastic.jsonl import RowRules
 from data_juicer_elastic.prepare.inputs import (
-    STAGING_MARK,
     Dataset,
     InputSpec,
     Materialised,
@@ -50,6 +47,7 @@ from data_juicer_elastic.prepare.shards import (
     write_shard,
 )
 from data_juicer_elastic.prepare.split import Piece, Stream, TooFewRows, plan
+from data_juicer_elastic.prepare.staging import Staging
 from data_juicer_elastic.progress import ProgressBar
 from data_juicer_elastic.storage.files import atomic_write, disk_full_in, dumps_json, fsync_dir, no_space_error
 
@@ -93,7 +91,7 @@ def prepare(
     _refuse_occupied(job.root)
     dataset = discover(req.dataset_path, exclude=(str(job.root),))
     try:
-        with _Staging(job.root) as staging:
+        with Staging(job.root) as staging:
             built = _Build(req, dataset, staging.path, recipe_sha, progress, jobs).run()
             if not staging.publish():
                 staging.discard()
@@ -192,80 +190,6 @@ def _file_differences(old: Iterable[InputFile], new: Iterable[InputSpec]) -> lis
         if (s0, t0) != (s1, t1):
             out.append(f"input {p}: changed since prepare (size {s0} -> {s1}, mtime_ns {t0} -> {t1})")
     return sorted(out)[:10] + ([f"... and {len(out) - 10} more input changes"] if len(out) > 10 else [])
-
-
-# staging --------------------------------------------------------------------
-class _Staging:
-    """A folder beside the job dir that becomes it by one rename, or disappears."""
-
-    def __init__(self, target: Path) -> None:
-        self.target = target
-        token = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.path = target.parent / f".{target.name}{STAGING_MARK}{token}"
-        self._published = False
-        self._made_parents: list[Path] = []
-
-    def __enter__(self) -> _Staging:
-        self._made_parents = _make_parents(self.target.parent)
-        try:
-            os.mkdir(self.path)
-        except OSError as exc:
-            self._remove_parents()
-            raise UserError(
-                f"{self.path}: cannot create the staging folder ({exc.strerror}); "
-                f"check permissions on {self.target.parent}"
-            ) from exc
-        return self
-
-    def publish(self) -> bool:
-        """Rename into place; False when another prepare got there first."""
-        try:
-            os.rename(self.path, self.target)
-        except OSError as exc:
-            if os.path.isdir(self.target) and os.listdir(self.target):
-                return False
-            raise UserError(
-                f"{self.target}: cannot create the job dir ({exc.strerror}); check the path and permissions"
-            ) from exc
-        self._published = True
-        fsync_dir(self.target.parent)
-        return True
-
-    def discard(self) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
-
-    def __exit__(self, exc_type: object, *_: object) -> None:
-        if self._published:
-            return
-        self.discard()
-        if exc_type is not None:
-            self._remove_parents()
-
-    def _remove_parents(self) -> None:
-        for made in reversed(self._made_parents):
-            try:
-                os.rmdir(made)
-            except OSError:
-                break
-
-
-def _make_parents(parent: Path) -> list[Path]:
-    """Create missing parent folders, returning those made (so a failure can remove them)."""
-    missing = []
-    p = parent
-    while not p.exists():
-        missing.append(p)
-        p = p.parent
-    made = []
-    for p in reversed(missing):
-        try:
-            os.mkdir(p)
-        except FileExistsError:
-            continue
-        except OSError as exc:
-            raise UserError(f"{p}: cannot create the job dir's parent ({exc.strerror}); check the path") from exc
-        made.append(p)
-    return made
 
 
 # the build ------------------------------------------------------------------

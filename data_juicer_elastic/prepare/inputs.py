@@ -19,9 +19,9 @@ from pathlib import PurePosixPath
 from typing import BinaryIO
 
 from data_juicer_elastic.errors import UserError
+from data_juicer_elastic.storage.blocks import blocks
 
 SUFFIXES = {".jsonl": None, ".jsonl.gz": "gz", ".jsonl.zst": "zst"}
-BLOCK = 16 << 20
 STAGING_MARK = ".dje-staging-"
 
 
@@ -229,7 +229,7 @@ def _decompressor(codec: str, raw: BinaryIO) -> BinaryIO:
 
 def _copy(reader: BinaryIO, out: BinaryIO) -> int:
     size = 0
-    while block := reader.read(BLOCK):
+    for block in blocks(reader):
         out.write(block)
         size += len(block)
     return size

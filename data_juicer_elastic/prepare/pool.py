@@ -9,11 +9,14 @@ data_juicer_elastic.prepare.pool`` and import only what a task needs.
 Protocol, length-prefixed pickles over the child's stdin/stdout: the child
 first says ``("ready", None)``; then parent -> child ``(fn, args)`` (EOF to
 exit), child -> parent ``("progress", nbytes)``..., then ``("ok", result)``
-or ``("err", exception)``.
+or ``("err", [exception, the exception it was raised from, ...])``: every
+exception of the package pickles, and the chain travels with it, so the
+parent sees what the child saw (a full disk under a prepare error included).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import pickle
 import queue
@@ -137,7 +140,7 @@ class ChildPool(Executor):
                 code = None
             raise RuntimeError(f"a prepare worker process died (exit code {code}); see its output above") from exc
         if kind == "err":
-            raise value
+            raise _relinked(value)
         return value
 
     def __exit__(self, exc_type: object, *_: object) -> None:
@@ -248,11 +251,27 @@ def _child_main() -> None:
         try:
             reply = ("ok", fn(*args))
         except BaseException as exc:
-            reply = ("err", _picklable(exc))
+            reply = ("err", _portable(exc))
         if pending[0]:
             _send(proto_out, ("progress", pending[0]))
             pending[0] = 0
         _send(proto_out, reply)
+
+
+def _portable(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the exceptions it was raised from (pickling drops ``__cause__``), each one picklable."""
+    chain: list[BaseException] = []
+    cur: BaseException | None = exc
+    while cur is not None and all(cur is not seen for seen in chain) and len(chain) < 16:
+        chain.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    return [_picklable(e) for e in chain]
+
+
+def _relinked(chain: list[BaseException]) -> BaseException:
+    for outer, inner in itertools.pairwise(chain):
+        outer.__cause__ = inner
+    return chain[0]
 
 
 def _picklable(exc: BaseException) -> BaseException:

@@ -3,17 +3,14 @@
 Everything that makes a file visible to other nodes goes through here:
 ``atomic_write`` (stage, fsync, rename), ``publish_once`` (first writer wins,
 by ``link``), ``create_exclusive`` (O_CREAT|O_EXCL) and ``server_now`` (the
-shared filesystem's clock, read from the mtime of a file just touched there);
-``hash_file`` reads a file back to check it.
+shared filesystem's clock, read from the mtime of a file just touched there).
 Nothing here knows about jobs or Data-Juicer.
 """
 
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
-import socket
 import uuid
 from pathlib import Path
 from typing import Any
@@ -21,6 +18,7 @@ from typing import Any
 import orjson
 
 from data_juicer_elastic.errors import UserError
+from data_juicer_elastic.storage.host import hostname
 
 _JSON_OPTS = orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE
 
@@ -61,7 +59,7 @@ def fsync_dir(path: str | os.PathLike) -> None:
 def temp_name(path: str | os.PathLike) -> Path:
     """A name beside ``path`` that no other process or node will pick."""
     p = Path(path)
-    return p.with_name(f".{p.name}.tmp-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    return p.with_name(f".{p.name}.tmp-{hostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
 def _write_temp(path: str | os.PathLike, data: bytes) -> Path:
@@ -202,7 +200,7 @@ def disk_full_in(exc: BaseException) -> OSError | None:
     while cur is not None and id(cur) not in seen:
         if is_disk_full(cur):
             return cur  # type: ignore[return-value]
-        if _NO_SPACE_TEXT in str(cur):  # re-raised as text elsewhere (a worker process, a Ray task)
+        if _NO_SPACE_TEXT in str(cur):  # a Ray task's error reaches us as text (RayTaskError)
             return OSError(errno.ENOSPC, _NO_SPACE_TEXT)
         seen.add(id(cur))
         cur = cur.__cause__ or cur.__context__
@@ -225,7 +223,7 @@ def remove_dead_temps(path: str | os.PathLike) -> int:
     process that no longer exists is removed. Returns how many were removed.
     """
     p = Path(path)
-    prefix = f".{p.name}.tmp-{socket.gethostname()}-"
+    prefix = f".{p.name}.tmp-{hostname()}-"
     try:
         names = os.listdir(p.parent)
     except FileNotFoundError:
@@ -248,19 +246,3 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-HASH_BLOCK = 16 << 20
-
-
-def hash_file(path: str | os.PathLike) -> tuple[str, int]:
-    """sha256 and byte count of a file, read in large blocks into one reused buffer."""
-    digest = hashlib.sha256()
-    buf = bytearray(HASH_BLOCK)
-    view = memoryview(buf)
-    total = 0
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buf):
-            digest.update(view[:n])
-            total += n
-    return digest.hexdigest(), total

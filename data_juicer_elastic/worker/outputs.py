@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from data_juicer_elastic.errors import IntegrityError
 from data_juicer_elastic.jsonl import LineProblem, check_objects, split_lines
-
-BLOCK = 16 << 20
+from data_juicer_elastic.storage.blocks import Digester, blocks
 
 
 @dataclass(frozen=True)
@@ -31,16 +29,13 @@ def _check_lines(lines: list[bytes], path: Path, first_line: int) -> None:
 def inspect_output(path: str | Path) -> OutputDigest:
     """Rows, bytes and sha256 of a JSONL output, checking every line is a JSON object."""
     path = Path(path)
-    digest = hashlib.sha256()
-    rows = size = 0
+    d = Digester()
     tail = b""
-    with open(path, "rb") as f:
-        while block := f.read(BLOCK):
-            digest.update(block)
-            size += len(block)
-            lines, tail = split_lines(tail + block if tail else block)
-            _check_lines(lines, path, rows + 1)
-            rows += len(lines)
+    for block in blocks(path):
+        first_row = d.rows + 1
+        d.update(block)
+        lines, tail = split_lines(tail + block if tail else bytes(block))
+        _check_lines(lines, path, first_row)
     if tail:
-        raise IntegrityError(f"{path}:{rows + 1}: output does not end with a newline (truncated?)")
-    return OutputDigest(rows=rows, bytes=size, sha256=digest.hexdigest())
+        raise IntegrityError(f"{path}:{d.rows + 1}: output does not end with a newline (truncated?)")
+    return OutputDigest(rows=d.rows, bytes=d.bytes, sha256=d.result().sha256)

@@ -31,24 +31,18 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 from data_juicer_elastic.errors import ElasticError
-from data_juicer_elastic.job.claims import Heartbeat, Lease
-from data_juicer_elastic.job.layout import attempt_name
-from data_juicer_elastic.status import failure_message
+from data_juicer_elastic.job.claims import heartbeat
+from data_juicer_elastic.job.records.failed import failure_message
 from data_juicer_elastic.storage.files import disk_full_in, no_space_error
-from data_juicer_elastic.worker.loop import (
-    Interrupted,
-    ShardMismatch,
-    Worker,
-    WorkerResult,
-    _NoSpace,
-    signals_raise_interrupted,
-)
+from data_juicer_elastic.worker.attempt import Attempt, ShardMismatch, claim_note, verified_shard
+from data_juicer_elastic.worker.disk_full import NoSpace, give_back
+from data_juicer_elastic.worker.loop import Worker, WorkerResult
 from data_juicer_elastic.worker.outputs import inspect_output
+from data_juicer_elastic.worker.signals import Interrupted, signals_raise_interrupted
 
 DEFAULT_PREFETCH = 1
 
@@ -68,19 +62,82 @@ class Stages:
         return cls(lambda *args: args, lambda args: runner(*args), lambda _: None)
 
 
-@dataclass
-class InFlight:
-    """One claimed attempt on its way through the stages."""
+class StagedAttempt(Attempt):
+    """One attempt split into open (+ load), process and finish; each step is the claim loop's own."""
 
-    lease: Lease
-    info: dict
-    adir: Path
-    output: Path
-    heartbeat: Heartbeat
-    loaded: Future | None = None
-    outcome: str | None = None  # set once the attempt has ended
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    processing: tuple[float, float] = (0.0, 0.0)  # monotonic start and end of the process stage
+    def open(self, stages: Stages, in_background: bool) -> bool:
+        """Folder, record, heartbeat, shard check, then the load; False if the attempt already ended."""
+        self.outcome: str | None = None
+        self.lock = threading.Lock()
+        self.processing = (0.0, 0.0)  # monotonic start and end of the process stage
+        self._make_folder()
+        self._save()
+        self.log(f"claimed {self.name}{claim_note(self.job, self.lease.shard, self.lease.attempt)}")
+        self.beat = heartbeat(self.store, self.lease, self.policy.heartbeat_secs, self.log).__enter__()
+        try:
+            shard = verified_shard(self.job, self.lease.shard)
+        except ShardMismatch as exc:  # retrying cannot heal an edited shard
+            self.fail(exc, terminal=True)
+            return False
+        args = (str(shard), str(self.output), str(self.job.root))
+        self.loaded = in_thread(stages.load, *args) if in_background else at_once(stages.load, *args)
+        return True
+
+    def process(self, stages: Stages) -> Any:
+        """The runner's process stage (main thread); None if the attempt failed."""
+        try:
+            start = time.monotonic()
+            processed = stages.process(self.loaded.result())
+            self.processing = (start, time.monotonic())
+            return processed
+        except Interrupted:
+            raise
+        except Exception as exc:  # the runner's failure fails the attempt, not the worker
+            if full := disk_full_in(exc):
+                error = give_back(self.job, self.store, self.lease, self.record, NoSpace(self.output, full), self.log)
+                raise error from exc
+            self.fail(exc)
+            return None
+
+    def finish(self, stages: Stages, processed: Any) -> str:
+        """Join, re-read, publish (finisher thread); ``NoSpace`` escapes to stop the worker."""
+        try:
+            stages.finish(processed)
+            digest = inspect_output(self.output)
+        except Exception as exc:
+            if full := disk_full_in(exc):
+                raise NoSpace(self.output, full) from exc
+            with self.lock:
+                return self.outcome or self.fail(exc)
+        self.beat.__exit__(None, None, None)
+        with self.lock:
+            if self.outcome is not None:  # abandoned meanwhile (SIGTERM)
+                return self.outcome
+            if self.beat.lost.is_set() or not self.store.is_current(self.lease):
+                self._end("superseded", "lease taken over by a later attempt; output not published")
+                self.log(f"{self.name} superseded; not publishing")
+                self.outcome = "superseded"
+            else:
+                self.outcome = self._publish(digest)
+            return self.outcome
+
+    def fail(self, exc: Exception, terminal: bool = False) -> str:
+        self.beat.__exit__(None, None, None)
+        self.outcome = self._failed(exc, terminal)
+        return self.outcome
+
+    def abandon(self, outcome: str, error: str | None = None) -> None:
+        """End now as ``outcome`` (interrupted, given back) and release the lease, unless already ended."""
+        with self.lock:
+            if self.outcome is not None:
+                return
+            self.outcome = outcome
+        self.beat.__exit__(None, None, None)
+        try:
+            self._end(outcome, error)
+        except OSError:
+            pass
+        self.store.release(self.lease)
 
 
 class PrefetchWorker(Worker):
@@ -90,23 +147,25 @@ class PrefetchWorker(Worker):
         super().__init__(job_dir, runner, **options)
         self.depth = max(int(prefetch), 0)
         self.stages = Stages.of(runner)
-        self.waiting: deque[InFlight] = deque()
-        self.finishing: list[tuple[InFlight, Future]] = []
-        self.current: InFlight | None = None
+        self.waiting: deque[StagedAttempt] = deque()
+        self.finishing: list[tuple[StagedAttempt, Future]] = []
+        self.current: StagedAttempt | None = None
         self.stopping = threading.Event()
         self.timings: list[tuple[float, float]] = []  # (start, end) of each process stage, in order
+        self.chooser.backlog = self.backlog  # tail pacing counts the shards held ahead
         self._loaded_once = False
         self._lock = threading.Lock()  # stopping vs. a claim made ahead in another thread
         self._ahead: Future | None = None  # that claim
+        self._last_scan: tuple[set[str], set[str]] = (set(), set())
 
     def backlog(self) -> float:
-        pace = self.pace.seconds or 0.0
-        return pace * (len(self.waiting) + (self.current is not None))
+        """Seconds before this worker could start a shard it claimed now."""
+        return (self.pace.seconds or 0.0) * (len(self.waiting) + (self.current is not None))
 
     # the loop ---------------------------------------------------------------
     def run(self) -> WorkerResult:
         result = WorkerResult(exit_code=0)
-        self.log(f"worker started on host={self.host} pid={self.pid} job_dir={self.job.root} prefetch={self.depth}")
+        self.log(f"worker started on host={self.host} pid={self.store.pid} job_dir={self.job.root}")
         with signals_raise_interrupted():
             try:
                 self._loop(result)
@@ -124,33 +183,26 @@ class PrefetchWorker(Worker):
                 result.exit_code, result.message = exc.exit_code, str(exc)
         return result
 
-    @property
-    def pid(self) -> int:
-        return self.store.pid
-
     def _loop(self, result: WorkerResult) -> None:
         while True:
             self._collect(result, block=False)
             ended = self._should_end(result)
             if ended is not None:
                 self._drain(result)
-                if ended[0] == 0 and result.exit_code:  # a failure found while draining wins
-                    return
-                result.exit_code, result.message = ended
+                if not (ended[0] == 0 and result.exit_code):  # a failure found while draining wins
+                    result.exit_code, result.message = ended
                 return
             if not self.waiting:
                 self._top_up(result)
             if not self.waiting:
                 if self.finishing:
                     self._collect(result, block=True)
-                    continue
-                if self._idle(result):
+                elif self._idle(result):
                     return
                 continue
-            item = self.waiting.popleft()
-            self.current = item
+            self.current = self.waiting.popleft()
             self._ahead = in_thread(self._top_up, result)  # the next shard: claimed and loaded while this one runs
-            self._process(item)
+            self._process(self.current)
             self.current = None
             self._ahead.result()  # its errors (a full disk, a tampered job dir) stop the worker here
 
@@ -161,7 +213,7 @@ class PrefetchWorker(Worker):
             return 0, f"--max-shards {self.max_shards} reached"
         if self.claim_limit is not None and self.claimed >= self.claim_limit and not self._busy():
             return 0, f"claimed its share of {self.claim_limit} shard(s)"
-        failed = self.job.failed_ids() if result.exit_code == 0 else set()
+        failed = self.job.failed_ids()
         if failed:
             return 2, failure_message(self.job, sorted(failed)[0])
         return None
@@ -169,9 +221,11 @@ class PrefetchWorker(Worker):
     def _busy(self) -> bool:
         return bool(self.waiting or self.finishing or self.current)
 
+    def _unfinished(self) -> int:
+        return len(self.waiting) + len(self.finishing) + (self.current is not None)
+
     def _may_claim(self, completed: int) -> bool:
-        unfinished = len(self.waiting) + len(self.finishing) + (self.current is not None)
-        if self.max_shards is not None and completed + unfinished >= self.max_shards:
+        if self.max_shards is not None and completed + self._unfinished() >= self.max_shards:
             return False
         return self.claim_limit is None or self.claimed < self.claim_limit
 
@@ -179,31 +233,44 @@ class PrefetchWorker(Worker):
         """Claim until ``depth`` shards wait (one, when nothing runs), each loading at once."""
         want = self.depth if self.current is not None else 1
         while len(self.waiting) < want and self._may_claim(len(result.completed)):
-            lease, done, failed = self._claim_next()
+            lease, done, failed = self.claim_next()
             if lease is None:
                 self._last_scan = (done, failed)
                 return
             self.claimed += 1
-            unfinished = len(self.waiting) + len(self.finishing) + (self.current is not None)
-            item = self._open(lease, final=self._last_claim(len(result.completed) + unfinished))
-            if item is None:
+            final = self._last_claim(len(result.completed) + self._unfinished())
+            attempt = StagedAttempt(
+                self.job, self.store, lease, self.runner, self.policy, self.log, pace=self.pace.seconds, final=final
+            )
+            if not self._open(attempt):
                 continue
             with self._lock:
                 if not self.stopping.is_set():
-                    self.waiting.append(item)
+                    self.waiting.append(attempt)
                     continue
-            self._end(item, "interrupted")  # the worker stopped while this claim was made
+            attempt.abandon("interrupted")  # the worker stopped while this claim was made
             return
+
+    def _open(self, attempt: StagedAttempt) -> bool:
+        try:
+            opened = attempt.open(self.stages, in_background=self._loaded_once)
+        except NoSpace as exc:
+            raise give_back(self.job, self.store, attempt.lease, attempt.record, exc, self.log) from exc.error
+        except ElasticError:  # a tampered job dir: nothing ran, so the shard is left claimable
+            self.store.release(attempt.lease)
+            raise
+        # The first load runs in this thread: a runner may start its runtime (Ray) on it.
+        self._loaded_once = True
+        return opened
 
     def _idle(self, result: WorkerResult) -> bool:
         """Nothing claimed or running: end (job over, stop when idle) or wait a poll interval."""
-        done, failed = getattr(self, "_last_scan", (set(), set()))
-        self._last_scan = (set(), set())
+        (done, failed), self._last_scan = self._last_scan, (set(), set())
         if failed:
             result.exit_code, result.message = 2, failure_message(self.job, sorted(failed)[0])
             return True
-        if len(done) == len(self.order):
-            result.message = f"all {len(self.order)} shards done"
+        if len(done) == len(self.chooser.order):
+            result.message = f"all {len(self.chooser.order)} shards done"
             return True
         if not self._may_claim(len(result.completed)):
             result.message = f"claimed its share of {self.claim_limit} shard(s)"
@@ -214,72 +281,12 @@ class PrefetchWorker(Worker):
         time.sleep(self.policy.poll_interval_secs)
         return False
 
-    # the stages ---------------------------------------------------------------
-    def _open(self, lease: Lease, final: bool) -> InFlight | None:
-        """Folder, attempt record, heartbeat, shard check; then the load starts in the loader thread."""
-        info = self._attempt_info(lease, final)
-        try:
-            adir = self._new_attempt_dir(lease.shard, lease.attempt)
-            self._write_info(adir, info)
-        except _NoSpace as exc:
-            raise self._stop_on_full_disk(lease, info, exc) from exc.error
-        except ElasticError:
-            self.store.release(lease)
-            raise
-        self.log(f"claimed {lease.shard} attempt {attempt_name(lease.attempt)}")
-        heartbeat = Heartbeat(self.store, lease, self.policy.heartbeat_secs).__enter__()
-        item = InFlight(lease, info, adir, adir / "processed.jsonl", heartbeat)
-        try:
-            shard = self._verified_shard(lease.shard)
-        except ShardMismatch as exc:  # retrying cannot heal an edited shard
-            self._failed(item, exc, terminal=True)
-            return None
-        args = (str(shard), str(item.output), str(self.job.root))
-        # The first load runs here: a runner may start its runtime (Ray) on it, best in the main thread.
-        item.loaded = in_thread(self.stages.load, *args) if self._loaded_once else at_once(self.stages.load, *args)
-        self._loaded_once = True
-        return item
-
-    def _process(self, item: InFlight) -> None:
-        """The shard's processing, in this (the main) thread; then its finish goes to the finisher thread."""
-        try:
-            loaded = item.loaded.result()
-            start = time.monotonic()
-            processed = self.stages.process(loaded)
-            item.processing = (start, time.monotonic())
-        except Interrupted:
-            raise
-        except Exception as exc:
-            if full := disk_full_in(exc):
-                raise self._stop_on_full_disk(item.lease, item.info, _NoSpace(item.output, full)) from exc
-            self._failed(item, exc)
-            return
-        self.timings.append(item.processing)
-        self.finishing.append((item, in_thread(self._finish_stage, item, processed)))
-
-    def _finish_stage(self, item: InFlight, processed: Any) -> str:
-        """Join, re-read and publish (finisher thread); the process stage of the next shard runs meanwhile."""
-        try:
-            self.stages.finish(processed)
-            digest = inspect_output(item.output)
-        except Exception as exc:
-            if disk_full_in(exc):
-                raise
-            with item.lock:
-                return item.outcome or self._failed(item, exc)
-        item.heartbeat.__exit__(None, None, None)
-        with item.lock:
-            if item.outcome is not None:  # abandoned meanwhile (SIGTERM)
-                return item.outcome
-            item.outcome = self._conclude(
-                item.lease, item.adir, item.info, item.output, digest, item.heartbeat.superseded.is_set()
-            )
-            return item.outcome
-
-    def _failed(self, item: InFlight, exc: Exception, terminal: bool = False) -> str:
-        item.heartbeat.__exit__(None, None, None)
-        item.outcome = self._attempt_failed(item.lease, item.adir, item.info, exc, terminal)
-        return item.outcome
+    def _process(self, attempt: StagedAttempt) -> None:
+        """Its processing in this (the main) thread; then its finish goes to a finisher thread."""
+        processed = attempt.process(self.stages)
+        if attempt.outcome is None:
+            self.timings.append(attempt.processing)
+            self.finishing.append((attempt, in_thread(attempt.finish, self.stages, processed)))
 
     # results ------------------------------------------------------------------
     def _collect(self, result: WorkerResult, block: bool) -> None:
@@ -287,24 +294,25 @@ class PrefetchWorker(Worker):
         if block and self.finishing:
             self.finishing[0][1].exception()
         for pair in list(self.finishing):
-            item, future = pair
+            attempt, future = pair
             if not future.done():
                 continue
             self.finishing.remove(pair)
             error = future.exception()
-            if error is not None:  # only a full disk escapes the finish stage
-                full = disk_full_in(error)
-                raise self._stop_on_full_disk(item.lease, item.info, _NoSpace(item.output, full)) from error
+            if isinstance(error, NoSpace):  # only a full disk escapes the finish stage
+                raise give_back(self.job, self.store, attempt.lease, attempt.record, error, self.log) from error.error
+            if error is not None:
+                raise error
             if future.result() == "done":
-                result.completed.append(item.lease.shard)
-                self.pace.add(item.processing[1] - item.processing[0])
+                result.completed.append(attempt.lease.shard)
+                self.pace.add(attempt.processing[1] - attempt.processing[0])
 
     def _drain(self, result: WorkerResult) -> None:
         """Let attempts being finished end; give back shards claimed ahead and not started."""
         while self.finishing:
             self._collect(result, block=True)
         while self.waiting:
-            self._end(self.waiting.popleft(), "interrupted", "claimed ahead; the worker stopped before running it")
+            self.waiting.popleft().abandon("interrupted", "claimed ahead; the worker stopped before running it")
 
     def _abandon(self, outcome: str) -> None:
         """Stop now: every attempt in flight ends as ``outcome`` and its lease is released."""
@@ -315,23 +323,11 @@ class PrefetchWorker(Worker):
                 self._ahead.exception(timeout=10)
             except TimeoutError:
                 pass
-        items = [*self.waiting, *(i for i, _ in self.finishing)] + ([self.current] if self.current else [])
+        attempts = [*self.waiting, *(a for a, _ in self.finishing)] + ([self.current] if self.current else [])
         self.waiting.clear()
         self.finishing.clear()
-        for item in items:
-            self._end(item, outcome)
-
-    def _end(self, item: InFlight, outcome: str, error: str | None = None) -> None:
-        with item.lock:
-            if item.outcome is not None:
-                return
-            item.outcome = outcome
-        item.heartbeat.__exit__(None, None, None)
-        try:
-            self._finish(item.adir, item.info, outcome, error)
-        except OSError:
-            pass
-        self.store.release(item.lease)
+        for attempt in attempts:
+            attempt.abandon(outcome)
 
 
 def in_thread(fn: Callable[..., Any], *args: Any) -> Future:

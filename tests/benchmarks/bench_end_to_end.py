@@ -12,10 +12,12 @@ text) and two recipes with the same process list
 Each round runs ``dj-process --config a.yaml`` and ``dj-process --config b.yaml``
 (alternating which goes first), each as a fresh subprocess with its own Ray,
 offline, and times its wall seconds. Every run must exit 0 and the elastic
-merged output must hold as many rows as the Ray output. Prints per-round
-times, medians, the ratio elastic/ray (target <= 1.15) and a markdown table
-row. Child CPU seconds are printed too: on a shared machine wall times depend
-on what else runs.
+merged output must hold the same rows with the same values as the Ray output,
+in input order (compared row by row, by each row's ``id``, with
+tests/reference.py's rules). Prints per-round times, medians, the ratio
+elastic/ray (target <= 1.15) and a markdown table row, and exits 1 when the
+target is missed. Child CPU seconds are printed too: on a shared machine wall
+times depend on what else runs.
 
 Not collected by pytest (file name does not match test_*.py).
 """
@@ -36,6 +38,9 @@ import time
 from pathlib import Path
 
 import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for tests.reference
+from tests.reference import assert_matches_reference, read_rows
 
 TARGET = 1.15
 OFFLINE = {
@@ -63,7 +68,7 @@ def generate(path: Path, rows: int) -> None:
             sentence = " ".join(rnd.choice(words) for _ in range(n))
             if i % 7 == 0:
                 sentence = "  " + sentence.replace(" ", "\u00a0 ", 3) + " \t"  # something for whitespace normalization
-            f.write(json.dumps({"text": sentence.capitalize() + "."}) + "\n")
+            f.write(json.dumps({"id": i, "text": sentence.capitalize() + "."}) + "\n")
 
 
 def count_rows(path: Path) -> int:
@@ -161,6 +166,11 @@ def main() -> None:
             n_ray = count_rows(rd / "ray" / "out.jsonl")
             if n_elastic != n_ray or n_ray == 0:
                 sys.exit(f"round {r}: elastic wrote {n_elastic} rows, ray wrote {n_ray}")
+            try:
+                merged, reference = read_rows(rd / "elastic" / "out.jsonl"), read_rows(rd / "ray" / "out.jsonl")
+                assert_matches_reference(merged, reference, list(range(args.rows)))
+            except AssertionError as exc:
+                sys.exit(f"round {r}: the elastic output differs from the ray output: {exc}")
             print(
                 f"round {r} ({order[0][0]} first): elastic {times['elastic'][-1]:.1f}s "
                 f"(cpu {cpus['elastic'][-1]:.1f}s)  ray {times['ray'][-1]:.1f}s (cpu {cpus['ray'][-1]:.1f}s)  "
@@ -180,6 +190,8 @@ def main() -> None:
         f"| B1 | {args.rows} rows, {args.shards} shards, np {args.np}, {args.rounds} rounds | "
         f"elastic {me:.1f}s / ray {mr:.1f}s | {ratio:.2f} | <= {TARGET} |"
     )
+    if ratio > TARGET:
+        sys.exit(f"B1 target missed: elastic/ray {ratio:.3f} > {TARGET}")
 
 
 if __name__ == "__main__":

@@ -344,6 +344,9 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for n, what, figs, ratio, target, ok in table:
         print(f"| {n} | {what} | {figs} | {ratio:.2f} | {target} {'met' if ok else 'MISSED'} |")
+    missed = [n for n, *_, ok in table if not ok]
+    if missed:
+        sys.exit(f"target missed: {', '.join(missed)}")
 
 
 if __name__ == "__main__":

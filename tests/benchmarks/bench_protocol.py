@@ -206,7 +206,10 @@ def main() -> int:
     print("|---|---|---|---|")
     for rid, what, med, target, ok in rows:
         print(f"| {rid} | {what} | {med} | {target} ({'met' if ok else 'MISSED'}) |")
-    return 0
+    missed = [rid for rid, *_, ok in rows if not ok]
+    if missed:
+        print(f"target missed: {', '.join(missed)}", file=sys.stderr)
+    return 1 if missed else 0
 
 
 if __name__ == "__main__":

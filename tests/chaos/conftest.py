@@ -9,26 +9,25 @@ from types import SimpleNamespace
 
 import pytest
 
+from ..require import in_ci, require
 from .sshfs import SshfsPair
 
 
 @pytest.fixture
 def small_disk(tmp_path: Path):
-    """``mount(size)`` a fresh tmpfs of that size (skips where mounting is not allowed); ``resize(dir, size)``."""
+    """``mount(size)`` a fresh tmpfs of that size (skips where not allowed, fails in CI); ``resize(dir, size)``."""
     mounted: list[Path] = []
 
     def mount(size: str, name: str = "small") -> Path:
         folder = tmp_path / name
         folder.mkdir()
-        if os.geteuid() != 0:
-            pytest.skip("mounting a small tmpfs needs root")
+        require(os.geteuid() == 0, "root, to mount a small tmpfs")
         r = subprocess.run(
             ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(folder)],
             capture_output=True,
             text=True,
         )
-        if r.returncode:
-            pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip()}); needs CAP_SYS_ADMIN")
+        require(r.returncode == 0, f"a tmpfs mount (it failed: {r.stderr.strip()}); needs CAP_SYS_ADMIN")
         mounted.append(folder)
         return folder
 
@@ -45,13 +44,15 @@ def sshfs_pair(tmp_path_factory):
     """Two sshfs mounts (own attribute caches) of one directory, served by a private sshd on 127.0.0.1."""
     pair = SshfsPair(tmp_path_factory.mktemp("sshfs"))
     reason = pair.unavailable()
-    if reason:
-        pytest.skip(reason)
+    required = in_ci() or bool(os.environ.get("DJE_REQUIRE_SSHFS"))
+    if reason and required:
+        pytest.fail(f"sshfs tests are required here (CI or DJE_REQUIRE_SSHFS) but {reason}", pytrace=False)
+    require(reason is None, str(reason))
     try:
         pair.start()
     except Exception as exc:
         pair.stop()
-        if os.environ.get("DJE_REQUIRE_SSHFS"):
+        if required:
             raise
         pytest.skip(f"could not set up sshfs over loopback: {exc}")
     try:

@@ -5,6 +5,7 @@
 POINT is one of
   verified   the attempt's output was re-read and checked; the done record is not published yet
   published  the done record is published; attempt.json still says "running"
+  copy       merge has copied half the shards' outputs into its temp file (flushed), not the rest
   merge      the merged temp file is complete and fsynced, not yet renamed into place
 
 Worker points die at the first shard named in DJE_TEST_DIE_SHARDS (any shard when unset) and
@@ -22,7 +23,9 @@ from pathlib import Path
 
 from data_juicer_elastic import merge as merge_mod
 from data_juicer_elastic.job.layout import JobDir
-from data_juicer_elastic.worker import loop as worker_mod
+from data_juicer_elastic.job.records import done as done_mod
+from data_juicer_elastic.worker import attempt as attempt_mod
+from data_juicer_elastic.worker.loop import run_worker
 
 from ..runners import copy
 
@@ -38,13 +41,13 @@ def _targeted(shard: str) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("point", choices=["verified", "published", "merge"])
+    p.add_argument("point", choices=["verified", "published", "copy", "merge"])
     p.add_argument("--job-dir", required=True)
     p.add_argument("--output", default=None)
     a = p.parse_args(argv)
 
     if a.point == "verified":
-        inspect = worker_mod.inspect_output
+        inspect = attempt_mod.inspect_output
 
         def inspect_then_die(path):
             digest = inspect(path)
@@ -52,9 +55,9 @@ def main(argv: list[str] | None = None) -> int:
                 _die()
             return digest
 
-        worker_mod.inspect_output = inspect_then_die
+        attempt_mod.inspect_output = inspect_then_die
     elif a.point == "published":
-        publish = worker_mod.publish_once
+        publish = done_mod.publish_once
 
         def publish_then_die(path, data):
             won = publish(path, data)
@@ -62,16 +65,29 @@ def main(argv: list[str] | None = None) -> int:
                 _die()
             return won
 
-        worker_mod.publish_once = publish_then_die
+        done_mod.publish_once = publish_then_die
     else:
+        job = JobDir(a.job_dir)
+        if a.point == "copy":
+            copy_one, half, copied = merge_mod._copy_one, len(job.manifest().shards) // 2, []
 
-        def die_before_rename(tmp, out, overwrite):
-            _die()
+            def copy_then_die(record, writer, *args):
+                if len(copied) == half:
+                    writer._wait()  # the buffers already handed off reach the temp file
+                    _die()
+                copied.append(record.shard)
+                return copy_one(record, writer, *args)
 
-        merge_mod._put_in_place = die_before_rename
-        merge_mod.merge(JobDir(a.job_dir), a.output, overwrite=True, log=lambda *_: None)
+            merge_mod._copy_one = copy_then_die
+        else:
+
+            def die_before_rename(tmp, out, overwrite):
+                _die()
+
+            merge_mod._put_in_place = die_before_rename
+        merge_mod.merge(job, a.output, overwrite=True, log=lambda *_: None)
         return 0
-    return worker_mod.run_worker(a.job_dir, copy, log=lambda *_: None).exit_code
+    return run_worker(a.job_dir, copy, log=lambda *_: None).exit_code
 
 
 if __name__ == "__main__":

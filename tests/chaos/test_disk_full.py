@@ -16,11 +16,12 @@ import pytest
 
 from data_juicer_elastic.errors import UserError
 from data_juicer_elastic.job.layout import JobDir, Policy
+from data_juicer_elastic.job.records import done as done_mod
 from data_juicer_elastic.merge import verify
 from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
 from data_juicer_elastic.status import job_status
-from data_juicer_elastic.worker import loop as worker_mod
-from data_juicer_elastic.worker.loop import failure_count, run_worker
+from data_juicer_elastic.worker.budget import failure_count
+from data_juicer_elastic.worker.loop import run_worker
 
 from ..jobs import RECIPE, REPO, check_done_exactly_once, env_with, make_job, merge_and_check, worker_cmd, write_corpus
 from ..runners import copy
@@ -111,17 +112,17 @@ def test_disk_full_during_an_attempt_then_space_is_freed(tmp_path, small_disk):
 
 def test_disk_full_when_publishing_the_done_record(tmp_path, monkeypatch):
     job = make_job(tmp_path, rows=40, shards=4)
-    real = worker_mod.publish_once
+    real = done_mod.publish_once
 
     def full(path, data):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(worker_mod, "publish_once", full)
+    monkeypatch.setattr(done_mod, "publish_once", full)
     result = run_worker(job.root, copy, log=lambda *_: None)
     assert result.exit_code == 2 and NO_SPACE in result.message and str(job.done_dir) in result.message
     _nothing_failed(job)
     assert not os.listdir(job.done_dir)
-    monkeypatch.setattr(worker_mod, "publish_once", real)
+    monkeypatch.setattr(done_mod, "publish_once", real)
     assert run_worker(job.root, copy, log=lambda *_: None).exit_code == 0
     check_done_exactly_once(job)
     merge_and_check(job, tmp_path / "merged.jsonl")

@@ -24,10 +24,12 @@ from data_juicer_elastic.merge import merge
 from data_juicer_elastic.status import job_status
 
 from ..jobs import (
+    assert_taken_over_after_timeout,
     attempt_outcomes,
     check_done_exactly_once,
-    concatenated_shards,
+    input_bytes,
     kill_group,
+    last_heartbeat,
     make_job,
     merge_and_check,
     spawn,
@@ -59,12 +61,16 @@ def test_chaos_random_kills_and_restarts_lose_nothing(tmp_path):
     env = {"DJE_TEST_SLEEP": "0.5"}
     logs: list[Path] = []
 
+    victim_log: dict[int, Path] = {}
+
     def start() -> object:
         logs.append(tmp_path / f"worker-{len(logs)}.log")
-        return spawn_worker(job, "slow_copy", log=logs[-1], **env)
+        proc = spawn_worker(job, "slow_copy", log=logs[-1], **env)
+        victim_log[proc.pid] = logs[-1]
+        return proc
 
     live = [start() for _ in range(8)]
-    ended: list[tuple[object, int]] = []
+    ended: list[tuple[object, int, bool, Path]] = []
     kills = {signal.SIGKILL: 0, signal.SIGTERM: 0}
     deadline = time.monotonic() + 180
     try:
@@ -77,9 +83,10 @@ def test_chaos_random_kills_and_restarts_lose_nothing(tmp_path):
             victim = rng.choice(running)
             sig = rng.choice([signal.SIGKILL, signal.SIGTERM])
             kill_group(victim, sig)
+            finished = len(os.listdir(job.done_dir)) == 64  # then the victim may have exited 0 just before
             kills[sig] += 1
             live.remove(victim)
-            ended.append((victim, sig))
+            ended.append((victim, sig, finished, victim_log[victim.pid]))
             live.append(start())
         for p in live:
             remaining = max(1.0, deadline - time.monotonic())
@@ -87,9 +94,16 @@ def test_chaos_random_kills_and_restarts_lose_nothing(tmp_path):
     finally:
         for p in live:
             kill_group(p)
-    for p, _sig in ended:
-        # a SIGTERM before the handler is installed (still importing) kills the process outright
-        assert p.wait(timeout=30) in (-signal.SIGKILL, -signal.SIGTERM, 128 + signal.SIGTERM, 0), f"seed {seed}"
+    for p, sig, finished, log in ended:
+        code = p.wait(timeout=120)
+        if finished and code == 0:
+            continue
+        if sig == signal.SIGKILL:
+            assert code == -signal.SIGKILL, f"seed {seed}: SIGKILLed worker exited {code}"
+        elif "worker started" in log.read_text(errors="replace"):  # its handler was installed: 128 + N exactly
+            assert code == 128 + signal.SIGTERM, f"seed {seed}: SIGTERMed worker exited {code}\n" + log.read_text()
+        else:  # still importing: Python's default action (DESIGN invariant 9 asks for 143 here too; see issue 14)
+            assert code == -signal.SIGTERM, f"seed {seed}: SIGTERMed worker exited {code} before it started"
     check_done_exactly_once(job)
     merge_and_check(job, tmp_path / "merged.jsonl")
     outcomes = attempt_outcomes(job)
@@ -113,7 +127,7 @@ def _racer(job_root: str, start, finish, results, rounds: int) -> None:
     worker = Worker(job_root, copy, host=f"racer-{os.getpid()}", log=lambda *_: None)
     for r in range(rounds):
         start.wait()
-        lease, _, _ = worker._claim_next()  # the real decision: listing, staleness, budget, O_EXCL claim
+        lease, _, _ = worker.claim_next()  # the real decision: listing, staleness, budget, O_EXCL claim
         results.put((r, None if lease is None else lease.attempt))
         finish.wait()
 
@@ -130,9 +144,9 @@ def test_stale_lease_found_by_many_workers_at_once_has_one_winner_every_round(tm
     store = ClaimStore(job, lock_timeout=3.0, host="driver")
     try:
         for r in range(rounds):
-            start.wait(timeout=30)
-            got = [results.get(timeout=30) for _ in range(racers)]
-            finish.wait(timeout=30)
+            start.wait(timeout=120)
+            got = [results.get(timeout=120) for _ in range(racers)]
+            finish.wait(timeout=120)
             winners = [attempt for rnd, attempt in got if attempt is not None]
             assert winners == [r + 1], f"round {r}: {got}"
             # the winner dies at once: its lease ages past the timeout before the next round
@@ -150,16 +164,18 @@ def test_stale_lease_found_by_many_workers_at_once_has_one_winner_every_round(tm
 def test_stalled_worker_resumes_cannot_publish_and_merge_uses_the_winner(tmp_path):
     job = make_job(tmp_path, rows=10, shards=1, lock_timeout_secs=1.5, heartbeat_secs=0.2)
     sid = "part-00000-of-00001"
-    stalled = spawn_worker(job, "tag", DJE_TEST_SLEEP="2")
+    release = tmp_path / "release"
+    stalled = spawn_worker(job, "tag", DJE_TEST_HOLD=str(release))
     try:
         wait_for((job.attempts_dir / sid / "0001" / "started").exists)
         os.kill(stalled.pid, signal.SIGSTOP)
-        t0 = time.monotonic()
+        last_beat = last_heartbeat(job, sid, 1)
         rescuer = spawn_worker(job, "tag")
-        assert rescuer.wait(timeout=30) == 0
-        assert time.monotonic() - t0 >= 1.0, "a stalled lease must age out before takeover"
+        assert rescuer.wait(timeout=60) == 0
+        assert_taken_over_after_timeout(job, sid, 1, last_beat)
+        release.touch()
         os.kill(stalled.pid, signal.SIGCONT)
-        assert stalled.wait(timeout=30) == 0  # cannot publish; sees the job done; exits cleanly
+        assert stalled.wait(timeout=120) == 0  # cannot publish; sees the job done; exits cleanly
     finally:
         os.kill(stalled.pid, signal.SIGCONT) if stalled.poll() is None else None
         kill_group(stalled)
@@ -168,8 +184,7 @@ def test_stalled_worker_resumes_cannot_publish_and_merge_uses_the_winner(tmp_pat
     superseded = job.attempt_output(sid, 1).read_bytes()
     assert {orjson.loads(line)["_attempt"] for line in superseded.splitlines()} == {"0001"}
     expected = b"".join(
-        orjson.dumps({**orjson.loads(line), "_attempt": "0002"}) + b"\n"
-        for line in concatenated_shards(job).splitlines()
+        orjson.dumps({**orjson.loads(line), "_attempt": "0002"}) + b"\n" for line in input_bytes(job).splitlines()
     )
     merge_and_check(job, tmp_path / "merged.jsonl", expected)
 
@@ -188,7 +203,7 @@ def test_worker_killed_between_output_and_done_record(tmp_path, point):
     else:
         victim = spawn([sys.executable, "-m", "tests.chaos.killpoint", point, "--job-dir", str(job.root)], **env)
     assert victim.wait(timeout=60) == -signal.SIGKILL
-    killed_at = time.monotonic()
+    last_beat = last_heartbeat(job, TARGET, 1)
     assert job.attempt_output(TARGET, 1).exists()
     rescuer = spawn_worker(job, "copy")
     assert rescuer.wait(timeout=60) == 0
@@ -198,7 +213,7 @@ def test_worker_killed_between_output_and_done_record(tmp_path, point):
         assert attempt_outcomes(job)[TARGET] == ["running"] and done[TARGET] == 1
     else:
         assert attempt_outcomes(job)[TARGET] == ["running", "done"] and done[TARGET] == 2
-        assert time.monotonic() - killed_at >= 1.0, "the dead lease must age out before takeover"
+        assert_taken_over_after_timeout(job, TARGET, 1, last_beat)
     merge_and_check(job, tmp_path / "merged.jsonl")
 
 
@@ -224,37 +239,19 @@ def test_merge_killed_mid_copy_or_before_rename_never_shows_a_partial_output(tmp
     out_dir.mkdir()
     out = out_dir / "merged.jsonl"
     old = b'{"old": "output"}\n'
-    cmd = [
-        sys.executable,
-        "-m",
-        "data_juicer_elastic.cli",
-        "merge",
-        "--job-dir",
-        str(job.root),
-        "--output",
-        str(out),
-        "--overwrite",
-    ]
-    for round_ in range(3):  # killed at a random moment while it copies
-        if round_ == 2:
+    cmd = [sys.executable, "-m", "tests.chaos.killpoint", "copy", "--job-dir", str(job.root), "--output", str(out)]
+    for round_ in range(2):  # killed half way through the copy: without, then with an existing output
+        if round_ == 1:
             out.write_bytes(old)  # an existing output survives a killed --overwrite merge whole
         proc = spawn(cmd)
-        try:
-            wait_for(
-                lambda: any((out_dir / n).stat().st_size > 0 for n in _temps(out_dir) if (out_dir / n).exists()),
-                timeout=60,
-                interval=0.005,
-            )
-            time.sleep(random.uniform(0, 0.05))
-        finally:
-            kill_group(proc)
-        proc.wait(timeout=30)
-        assert (not out.exists()) if round_ < 2 else out.read_bytes() == old
+        assert proc.wait(timeout=120) == -signal.SIGKILL
+        assert (not out.exists()) if round_ == 0 else out.read_bytes() == old, "a partial merged output is visible"
+        assert [n for n in _temps(out_dir) if (out_dir / n).stat().st_size > 0], "the kill was not mid-copy"
     # killed after the temp file is complete, just before the rename
     proc = spawn(
         [sys.executable, "-m", "tests.chaos.killpoint", "merge", "--job-dir", str(job.root), "--output", str(out)]
     )
-    assert proc.wait(timeout=60) == -signal.SIGKILL
+    assert proc.wait(timeout=120) == -signal.SIGKILL
     assert out.read_bytes() == old
     assert _temps(out_dir), "the killed merges leave their temp files behind"
     # the next merge completes, and clears what the dead merges left on this host

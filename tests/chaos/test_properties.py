@@ -25,7 +25,20 @@ from data_juicer_elastic.worker.loop import run_worker
 from ..jobs import RECIPE
 from ..runners import copy
 
-REMOTE = ("http://", "https://", "s3://", "gs://", "hdfs://")
+# Each media path the corpora use, and what README promises it becomes ("{base}": the JSONL file's folder
+# for a file input, the dataset root for a folder): written out by hand, not derived from prepare's rule.
+RESOLVED = {
+    "a.png": "{base}/a.png",
+    "sub/b.png": "{base}/sub/b.png",
+    "/abs/c.png": "/abs/c.png",
+    "http://h/d.png": "http://h/d.png",
+    "https://h/g.png": "https://h/g.png",
+    "s3://b/e.png": "s3://b/e.png",
+    "gs://b/h.png": "gs://b/h.png",
+    "hdfs://n/i.png": "hdfs://n/i.png",
+    "./f.png": "{base}/./f.png",
+    "ü.png": "{base}/ü.png",
+}
 
 text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=8)
 scalars = (
@@ -34,7 +47,7 @@ scalars = (
 values = st.recursive(
     scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(text, inner, max_size=3), max_leaves=6
 )
-media_path = st.sampled_from(["a.png", "sub/b.png", "/abs/c.png", "http://h/d.png", "s3://b/e.png", "./f.png", "ü.png"])
+media_path = st.sampled_from(sorted(RESOLVED))
 rows = st.builds(
     lambda base, images: {**base, **({} if images is False else {"images": images})},
     st.dictionaries(st.text(st.characters(blacklist_categories=("Cs",)), max_size=5), values, max_size=4),
@@ -68,7 +81,7 @@ def _expected_line(raw: bytes, base: str) -> bytes:
     images = row.get("images")
     if not images:
         return raw
-    fixed = [p if p.startswith(REMOTE) or os.path.isabs(p) else os.path.join(base, p) for p in images]
+    fixed = [RESOLVED[p].format(base=base) for p in images]
     return raw if fixed == images else orjson.dumps({**row, "images": fixed})
 
 

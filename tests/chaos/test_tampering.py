@@ -18,8 +18,8 @@ import pytest
 from data_juicer_elastic.cli import main as cli_main
 from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.job.layout import JobDir, Policy
+from data_juicer_elastic.job.records.failed import failure_message
 from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
-from data_juicer_elastic.status import failure_message
 from data_juicer_elastic.storage.files import dumps_json
 from data_juicer_elastic.worker.loop import run_worker
 

@@ -1,4 +1,8 @@
-"""Who this process is, as other nodes see it in the shared directory."""
+"""Who this process is, as other nodes see it in the shared directory.
+
+The one host name of the package: in leases and done records, in elections,
+and in temp file names (whose owner's pid is judged alive on this host only).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ HOSTNAME_ENV = "DJ_ELASTIC_HOSTNAME"
 
 
 def hostname() -> str:
-    """The node name recorded in leases and done records.
+    """The node name recorded in leases, done records and temp file names.
 
     ``DJ_ELASTIC_HOSTNAME`` overrides it, so one machine can play several
     nodes in simulations and tests.

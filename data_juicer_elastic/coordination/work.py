@@ -1,0 +1,198 @@
+"""After prepare: this host's claim loop (or a wait for the others), then the finalize election.
+
+One process per host wins that host's election and runs the claim loop with
+the host's runner; the others on the host only wait. Waiting for shards never
+times out while a lease is live or shards keep finishing; when nothing moved
+for ``wait_timeout_secs`` the run is aborted with a message that says who took
+part and what is left. Once every shard is done, one process verifies and merges.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from data_juicer_elastic.coordination.elect import coordinate
+from data_juicer_elastic.coordination.run_id import safe_key
+from data_juicer_elastic.coordination.rundir import EXIT_FAILED, EXIT_OK, Outcome, RunDir
+from data_juicer_elastic.coordination.spec import JobSpec
+from data_juicer_elastic.errors import IntegrityError
+from data_juicer_elastic.job.claims import ClaimStore, claim_store
+from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.job.records.done import load_done
+from data_juicer_elastic.job.records.failed import failure_message
+from data_juicer_elastic.job.versions import check_versions
+from data_juicer_elastic.merge import merge, verify
+from data_juicer_elastic.report import write_report
+from data_juicer_elastic.status import describe_error_rows, error_rows_by_shard
+from data_juicer_elastic.worker.loop import run_worker
+from data_juicer_elastic.worker.runner import close_runner
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class AfterPrepare:
+    """One process once the job dir exists: claim loop or wait, then finalize."""
+
+    spec: JobSpec
+    host: str
+    log: Log
+    job: JobDir
+    run: RunDir  # <job_dir>/runs/<run-key>
+
+    def work_and_finalize(self) -> Outcome:
+        return self.work_phase() or self.finalize_phase()
+
+    # work ---------------------------------------------------------------------------------------
+    def work_phase(self) -> Outcome | None:
+        """Run this host's claim loop (or wait for it); None once every shard is done."""
+        won, ballot = self.run.elect(f"hosts/{safe_key(self.host)}.json")
+        if not won:
+            self.log(
+                f"pid={ballot.get('pid')} runs the claim loop for host={self.host}; "
+                "this process waits for the job result"
+            )
+            return self.wait_for_shards()
+        early = self.run.aborted() or self.failed_outcome()
+        if early or self.all_done():  # nothing to claim: do not start a runner
+            return early
+        return self.claim_loop() or self.wait_for_shards()
+
+    def claim_loop(self) -> Outcome | None:
+        """Work shards with this host's runner; an outcome only when this process must stop now."""
+        try:
+            check_versions(self.job.manifest().versions, allow_mismatch=self.spec.allow_version_mismatch)
+            runner = self.spec.make_runner()
+        except Exception as exc:
+            return self.run.abort(f"host={self.host} cannot run shards: {type(exc).__name__}: {exc}")
+        try:
+            result = run_worker(
+                self.job.root,
+                runner,
+                host=self.host,
+                max_shards=self.shard_quota(),
+                prefetch=self.spec.prefetch_shards,
+                should_stop=lambda: self.run.aborted() is not None,
+                log=self.log,
+            )
+        finally:
+            close_runner(runner)
+        if result.exit_code >= 128:  # this process was told to stop: it leaves, the job goes on
+            return Outcome(result.exit_code, f"host={self.host}: {result.message}", self.host, self.run.pid)
+        if result.exit_code == EXIT_FAILED:
+            return self.run.abort(result.message)
+        return None
+
+    def shard_quota(self) -> int | None:
+        """Most shards this host may complete in this run (completed, not claimed: retries are free)."""
+        limits = [self.spec.max_shards]
+        if self.spec.require_all_nodes and self.spec.nodes:
+            limits.append(math.ceil(len(self.job.manifest().shards) / self.spec.nodes))
+        given = [x for x in limits if x is not None]
+        return min(given) if given else None
+
+    def wait_for_shards(self) -> Outcome | None:
+        """Wait until every shard is done (None), a failure, an abort, or no progress for the timeout."""
+        store = claim_store(self.job, self.host)
+        total = len(self.job.manifest().shards)
+        last_done, last_progress = -1, time.monotonic()
+        while True:
+            outcome = self.run.aborted() or self.failed_outcome()
+            if outcome:
+                return outcome
+            done = self.job.done_ids()
+            if len(done) == total:
+                return None
+            if len(done) != last_done or _any_live(store, done):
+                last_done, last_progress = len(done), time.monotonic()
+            elif time.monotonic() - last_progress > self.spec.timeout:
+                return self.run.abort(self.stall_message(done))
+            time.sleep(self.spec.poll_interval_secs)
+
+    def failed_outcome(self) -> Outcome | None:
+        failed = sorted(self.job.failed_ids())
+        return self.run.abort(failure_message(self.job, failed[0])) if failed else None
+
+    def all_done(self) -> bool:
+        return len(self.job.done_ids()) == len(self.job.manifest().shards)
+
+    def stall_message(self, done: set[str]) -> str:
+        shards = [s.id for s in self.job.manifest().shards]
+        left = [s for s in shards if s not in done]
+        seen = self.run.member_hosts()
+        done_by = _hosts_of(self.job, done)
+        parts = [
+            f"no shard finished and none was running for {self.spec.wait_timeout_secs:g}s "
+            f"(wait_timeout_secs); {len(left)} of {len(shards)} shards are not done: {_some(left)}",
+            f"hosts seen in this run: {len(seen)} ({', '.join(seen)})",
+            "done by host: " + (", ".join(f"{h}={n}" for h, n in sorted(done_by.items())) or "none"),
+        ]
+        if self.spec.require_all_nodes and self.spec.nodes:
+            missing = max(self.spec.nodes - len(seen), 1)
+            parts.append(
+                f"require_all_nodes expects {self.spec.nodes} nodes and lets each complete at most "
+                f"{self.shard_quota()} shard(s), so {missing} missing node(s) must take part"
+            )
+        else:
+            parts.append("no live worker is left; start more nodes or submit the job again")
+        return "; ".join(parts)
+
+    # finalize -----------------------------------------------------------------------------------
+    def finalize_phase(self) -> Outcome:
+        return self.run.aborted() or coordinate(self.run, "finalize", self.do_finalize, self.spec, self.log)
+
+    def write_report(self) -> None:
+        """The job report in the job dir; a report that cannot be written never fails the job."""
+        try:
+            self.log(f"job report: {write_report(self.job.root)}")
+        except Exception as exc:  # the merged output is what matters
+            self.log(f"job report not written: {type(exc).__name__}: {exc}")
+
+    def do_finalize(self) -> Outcome:
+        """Check the records and hosts, then merge (which re-reads and checks every output as it copies)."""
+        nodes = self.spec.nodes if self.spec.require_all_nodes else None
+        report = verify(self.job, expect_nodes=nodes, check_content=False)
+        hosts = dict(report.hosts)
+        listing = ", ".join(f"{h}={n}" for h, n in sorted(hosts.items()))
+        self.log(f"completion hosts: {listing}")
+        if not report.ok or not report.complete:
+            raise IntegrityError("verify refused the job: " + "; ".join(report.problems or ["incomplete"]))
+        merged = merge(self.job, self.spec.export_path, overwrite=self.spec.overwrite_output, log=self.log)
+        self.write_report()
+        dropped = describe_error_rows(error_rows_by_shard(self.job))
+        expected = f" ({len(hosts)} of {self.spec.nodes} expected nodes)" if self.spec.nodes else ""
+        return Outcome(
+            EXIT_OK,
+            f"{merged.shards} shards completed by {len(hosts)} host(s){expected}: {listing}; "
+            f"{merged.rows} rows merged into {merged.output}" + (f"; {dropped}" if dropped else ""),
+            self.host,
+            self.run.pid,
+            hosts,
+        )
+
+
+def _any_live(store: ClaimStore, done: set[str]) -> bool:
+    pending = {sid: n for sid, n in store.latest_attempts().items() if sid not in done}
+    if not pending:
+        return False
+    now = store.now()
+    return any(store.is_live(sid, n, now) for sid, n in pending.items())
+
+
+def _hosts_of(job: JobDir, done: set[str]) -> dict[str, int]:
+    hosts: dict[str, int] = {}
+    for sid in done:
+        try:
+            record = load_done(job, sid)
+        except IntegrityError:
+            record = None
+        host = record.host if record else "?"
+        hosts[host] = hosts.get(host, 0) + 1
+    return hosts
+
+
+def _some(items: list[str], limit: int = 8) -> str:
+    return ", ".join(items[:limit]) + (f", ... ({len(items) - limit} more)" if len(items) > limit else "")

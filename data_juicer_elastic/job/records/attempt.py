@@ -1,0 +1,97 @@
+"""The attempt record, ``attempts/<shard>/<attempt>/attempt.json``: one attempt's progress and outcome.
+
+The worker writes it when the attempt starts (outcome ``running``) and
+replaces it once the attempt ends (``finish``). Other workers read it for
+tail pacing (``claimed_at``, ``pace``, ``final``) and for the retry budget
+(``outcome``), through ``load_attempt``: a missing or unreadable record
+reads as None, which the failure count treats as an attempt lost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from data_juicer_elastic.job.records._read import int_or, load_object, number_or_none
+from data_juicer_elastic.storage.files import atomic_write, dumps_json
+
+ATTEMPT_FILE = "attempt.json"
+# Outcomes of an attempt that do not count against the retry budget: the
+# worker was told to stop, it stalled and someone else took the shard, or the disk was full.
+NOT_FAILURES = ("interrupted", "superseded", "done", "duplicate", "no-space")
+
+
+@dataclass
+class AttemptRecord:
+    shard: str
+    attempt: int
+    host: str
+    pid: int
+    token: str
+    started_at: float
+    claimed_at: float  # the lease file's mtime when it was made (the shared clock); 0 if unknown
+    pace: float | None  # the worker's median seconds per finished shard so far
+    final: bool  # the worker's limits let it claim nothing after this attempt
+    outcome: str | None = "running"  # None: read from a record that names none
+    finished_at: float | None = None
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        if self.finished_at is None:  # a running attempt's record has neither key
+            del d["finished_at"], d["error"]
+        return d
+
+    def finish(self, outcome: str, error: str | None = None) -> AttemptRecord:
+        """Record how the attempt ended (in memory; ``write_attempt`` puts it on disk)."""
+        self.outcome, self.finished_at, self.error = outcome, time.time(), error
+        return self
+
+
+def attempt_file(attempt_dir: Path) -> Path:
+    return attempt_dir / ATTEMPT_FILE
+
+
+def write_attempt(attempt_dir: Path, record: AttemptRecord) -> None:
+    atomic_write(attempt_file(attempt_dir), dumps_json(record.to_dict()))
+
+
+def load_attempt(attempt_dir: Path) -> AttemptRecord | None:
+    """The attempt's record; None when it is missing or not an attempt record."""
+    try:
+        raw = load_object(attempt_file(attempt_dir))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(raw, dict):
+        return None
+    outcome, error = raw.get("outcome"), raw.get("error")
+    return AttemptRecord(
+        shard=str(raw.get("shard", "")),
+        attempt=int_or(raw.get("attempt")),
+        host=str(raw.get("host", "")),
+        pid=int_or(raw.get("pid")),
+        token=str(raw.get("token", "")),
+        started_at=number_or_none(raw.get("started_at")) or 0.0,
+        claimed_at=number_or_none(raw.get("claimed_at")) or 0.0,
+        pace=number_or_none(raw.get("pace")),
+        final=bool(raw.get("final")),
+        outcome=outcome if isinstance(outcome, str) else None,
+        finished_at=number_or_none(raw.get("finished_at")),
+        error=error if isinstance(error, str) else None,
+    )
+
+
+def counts_as_failure(record: AttemptRecord | None, released: bool) -> bool:
+    """Whether an attempt counts against the retry budget.
+
+    A lost attempt (no record, or still ``running``) counts, unless its lease
+    was released: then it was given up on purpose (the shard was done
+    meanwhile, or the disk was full).
+    """
+    outcome = record.outcome if record else None
+    if outcome in NOT_FAILURES:
+        return False
+    return not (outcome in (None, "running") and released)

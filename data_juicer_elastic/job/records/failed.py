@@ -1,0 +1,79 @@
+"""The failed record, ``state/failed/<shard>.json``: a shard failed past its retry budget.
+
+Published once by the worker (``publish_failed``); its presence stops the job.
+Read by the worker, coordination and status through ``load_failed``, which
+never raises: a failed record that was edited still fails the job, so every
+field it cannot trust reads as unknown, and its ``log`` path is confined
+before it is shown (``failure_message``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from data_juicer_elastic.errors import IntegrityError
+from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.job.records._read import MISSING, int_or, load_object, number_or_none
+from data_juicer_elastic.storage.files import dumps_json, publish_once
+
+
+@dataclass(frozen=True)
+class FailedRecord:
+    shard: str
+    attempt: int
+    host: str | None
+    pid: int
+    error: str | None
+    log: str | None  # the failing attempt's process.log, relative to the job dir
+    failures: int | None
+    at: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def publish_failed(job: JobDir, record: FailedRecord) -> bool:
+    """Publish the shard's terminal failure unless one is there already."""
+    return publish_once(job.failed_path(record.shard), dumps_json(record.to_dict()))
+
+
+def load_failed(job: JobDir, shard: str) -> FailedRecord | None:
+    """The shard's failed record, None if there is none; fields it cannot trust read as None."""
+    try:
+        raw = load_object(job.failed_path(shard))
+    except (OSError, ValueError):
+        raw = {}
+    if raw is MISSING:
+        return None
+    raw = raw if isinstance(raw, dict) else {}
+
+    def text(key: str) -> str | None:
+        return raw[key] if isinstance(raw.get(key), str) else None
+
+    failures = raw.get("failures")
+    return FailedRecord(
+        shard,
+        int_or(raw.get("attempt")),
+        text("host"),
+        int_or(raw.get("pid")),
+        text("error"),
+        text("log"),
+        failures if type(failures) is int else None,
+        number_or_none(raw.get("at")),
+    )
+
+
+def failure_message(job: JobDir, sid: str) -> str:
+    """Name the terminally failed shard, its error, its log, and how to requeue it."""
+    rec = load_failed(job, sid) or FailedRecord(sid, 0, None, 0, None, None, None)
+    try:
+        log = job.confine(rec.log, "failed record log")
+    except IntegrityError:
+        log = job.failed_path(sid)
+    return (
+        f"shard {sid} failed terminally on host={rec.host} after {rec.failures} failure(s): "
+        f"{rec.error}; see {log}; fix the cause, then "
+        f"`dj-elastic retry --job-dir {job.root} --shard-id {sid}` and submit the job again"
+    )

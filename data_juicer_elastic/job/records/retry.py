@@ -1,0 +1,77 @@
+"""The retry record, ``state/retry/<shard>.json``: attempts up to ``after_attempt`` no longer count.
+
+Written by ``requeue`` (``dj-elastic retry``), which also archives the shard's
+failed and done records in ``state/history``: nothing is deleted. Read by the
+worker's failure count (``retry_base``), which refuses one it cannot trust:
+a wrong number would hand a shard more, or fewer, retries than the policy says.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from dataclasses import dataclass
+
+from data_juicer_elastic.errors import IntegrityError, UserError
+from data_juicer_elastic.job.claims import claim_store
+from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.job.records._read import MISSING, load_object
+from data_juicer_elastic.storage.files import atomic_write, dumps_json
+
+
+@dataclass(frozen=True)
+class RetryRecord:
+    shard: str
+    after_attempt: int
+    at: float
+
+
+def write_retry(job: JobDir, record: RetryRecord, stamp: str) -> None:
+    """Put ``record`` in place; an earlier one goes to history under ``stamp``."""
+    path = job.retry_path(record.shard)
+    if path.exists():
+        os.rename(path, job.history_dir / f"{stamp}-{record.shard}.retry.json")
+    atomic_write(path, dumps_json({"shard": record.shard, "after_attempt": record.after_attempt, "at": record.at}))
+
+
+def retry_base(job: JobDir, shard: str) -> int:
+    """The last attempt that no longer counts (0 without a retry record). Raises IntegrityError."""
+    path = job.retry_path(shard)
+    try:
+        raw = load_object(path)
+    except (OSError, ValueError):
+        raw = None
+    if raw is MISSING:
+        return 0
+    base = raw.get("after_attempt", 0) if isinstance(raw, dict) else None
+    if type(base) is not int or base < 0:
+        raise IntegrityError(
+            f"{path}: not a retry record (after_attempt must be a "
+            "whole number); restore it or run `dj-elastic retry` for the shard again"
+        )
+    return base
+
+
+def requeue(job: JobDir, shard_ids: list[str] | None = None, *, all_failed: bool = False) -> list[str]:
+    """Requeue shards: archive their failed/done records in state/history, reset the retry budget.
+
+    The budget is reset by a retry record naming the last attempt so far, so
+    earlier attempts stop counting; nothing is deleted.
+    """
+    if all_failed:
+        shard_ids = sorted(job.failed_ids())
+    if not shard_ids:
+        raise UserError("retry: name shards with --shard-id, or use --all-failed")
+    latest = claim_store(job).latest_attempts()
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
+    for sid in shard_ids:
+        job.shard(sid)  # validates the id
+        records = [p for p in (job.failed_path(sid), job.done_path(sid)) if p.exists()]
+        if not records:
+            state = "running" if latest.get(sid) else "pending"
+            raise UserError(f"retry: shard {sid} is {state}, not failed or done; nothing to requeue")
+        write_retry(job, RetryRecord(sid, latest.get(sid, 0), time.time()), stamp)
+        for path in records:
+            os.rename(path, job.history_dir / f"{stamp}-{sid}.{path.parent.name}.json")
+    return list(shard_ids)

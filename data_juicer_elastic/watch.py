@@ -1,0 +1,105 @@
+"""One progress line for the whole job, read from the job dir: logged every N seconds, or redrawn in place.
+
+Every process of a job (and ``dj-elastic status --watch`` on any machine that
+mounts the job dir) sees the same state directories, so each can say how the
+whole job stands: shards done / running / pending, hosts at work, rows per
+second and the time left.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import TextIO
+
+from data_juicer_elastic.errors import ElasticError
+from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.status import JobStatus, job_status
+
+
+def duration(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+def progress_line(st: JobStatus) -> str:
+    """``progress: 12/16 shards done, 3 running, 1 pending; 2 host(s) active; 4,210 rows/s; ETA 1m05s``."""
+    c = st.counts
+    parts = [
+        f"progress: {c['done']}/{len(st.shards)} shards done ({st.progress:.0%} of rows), "
+        f"{c['running']} running, {c['pending'] + c['stale']} pending"
+        + (f", {c['failed']} failed" if c["failed"] else "")
+    ]
+    parts.append(f"{len(st.hosts_active)} host(s) active")
+    if st.rows_per_sec:
+        parts.append(f"{st.rows_per_sec:,.0f} rows/s")
+        left = st.input_rows - st.input_rows_done
+        if left > 0:
+            parts.append(f"ETA {duration(left / st.rows_per_sec)}")
+    if st.error_rows:
+        parts.append(f"{st.error_rows} row(s) removed by op errors")
+    return "; ".join(parts)
+
+
+def job_progress(job_dir: str) -> str | None:
+    """The progress line, or None while the job dir is not prepared yet (or unreadable)."""
+    job = JobDir(job_dir)
+    try:
+        if not job.exists():
+            return None
+        return progress_line(job_status(job))
+    except (OSError, ValueError, ElasticError):
+        return None
+
+
+class ProgressTicker:
+    """A daemon thread that logs the progress line every ``interval`` seconds while the job runs."""
+
+    def __init__(self, job_dir: str, interval: float | None, log: Callable[[str], None]) -> None:
+        self.job_dir, self.interval, self.log = job_dir, interval, log
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dje-progress", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            line = job_progress(self.job_dir)
+            if line and not self._stop.is_set():
+                self.log(line)
+
+    def __enter__(self) -> ProgressTicker:
+        if self.interval:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+
+def watch(
+    job_dir: str, interval: float = 2.0, stream: TextIO | None = None, until: Callable[[], bool] | None = None
+) -> int:
+    """Redraw the progress in place (a terminal) or print it when it changes; returns status's exit code."""
+    out = stream or sys.stdout
+    tty = bool(getattr(out, "isatty", lambda: False)())
+    last = ""
+    while True:
+        job = JobDir(job_dir)
+        st = job_status(job)
+        line = f"{time.strftime('%H:%M:%S')} {progress_line(st)}"
+        if tty:
+            out.write("\r\x1b[2K" + line)
+        elif line.split(" ", 1)[1] != last:
+            out.write(line + "\n")
+        last = line.split(" ", 1)[1]
+        out.flush()
+        if st.complete or st.failed or (until is not None and until()):
+            if tty:
+                out.write("\n")
+            return 0 if st.complete else (2 if st.failed else 1)
+        time.sleep(interval)

@@ -1,0 +1,203 @@
+"""One attempt at a shard, from its own folder to its outcome.
+
+The attempt's folder is made fresh (one already there is refused), the shard
+file is checked against the manifest, the runner writes the output inside
+the folder while the lease is renewed, and the output is re-read before a
+done record is published. A superseded attempt (its lease lost) never
+publishes. A runner's failure fails the attempt, not the worker; an edited
+shard fails it terminally, since retrying cannot heal it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+from data_juicer_elastic.errors import ElasticError, IntegrityError
+from data_juicer_elastic.job.claims import ClaimStore, Lease, heartbeat
+from data_juicer_elastic.job.layout import JobDir, Policy, attempt_name
+from data_juicer_elastic.job.records.attempt import AttemptRecord, attempt_file, write_attempt
+from data_juicer_elastic.job.records.done import DoneRecord, publish_done
+from data_juicer_elastic.status import OPS_NAME, first_line
+from data_juicer_elastic.storage.blocks import digest_file
+from data_juicer_elastic.storage.files import disk_full_in, read_record
+from data_juicer_elastic.worker.budget import fail_terminally, failure_count
+from data_juicer_elastic.worker.disk_full import NoSpace, give_back, space_for
+from data_juicer_elastic.worker.outputs import OutputDigest, inspect_output
+from data_juicer_elastic.worker.runner import Runner
+from data_juicer_elastic.worker.signals import Interrupted
+
+
+class ShardMismatch(IntegrityError):
+    """The shard file is not what the manifest says: edited or truncated after prepare."""
+
+
+class Attempt:
+    """One claimed attempt; ``run()`` returns its outcome (``done``, ``failed``, ``superseded``, ``duplicate``)."""
+
+    def __init__(
+        self,
+        job: JobDir,
+        store: ClaimStore,
+        lease: Lease,
+        runner: Runner,
+        policy: Policy,
+        log: Callable[[str], None],
+        *,
+        pace: float | None,
+        final: bool,
+    ) -> None:
+        self.job, self.store, self.lease, self.runner, self.policy, self.log = job, store, lease, runner, policy, log
+        self.adir = job.attempt_dir(lease.shard, lease.attempt)
+        self.output = self.adir / "processed.jsonl"
+        self.name = f"{lease.shard} attempt {attempt_name(lease.attempt)}"
+        self.record = AttemptRecord(
+            shard=lease.shard,
+            attempt=lease.attempt,
+            host=store.host,
+            pid=os.getpid(),
+            token=lease.token,
+            started_at=time.time(),
+            claimed_at=lease.claimed_at,
+            pace=pace,
+            final=final,
+        )
+
+    def run(self) -> str:
+        try:
+            return self._run()
+        except NoSpace as exc:
+            raise give_back(self.job, self.store, self.lease, self.record, exc, self.log) from exc.error
+        except ElasticError:  # a tampered job dir: nothing ran, so the shard is left claimable
+            self.store.release(self.lease)
+            raise
+
+    def _run(self) -> str:
+        self._make_folder()
+        self._save()
+        self.log(f"claimed {self.name}{claim_note(self.job, self.lease.shard, self.lease.attempt)}")
+        beat = heartbeat(self.store, self.lease, self.policy.heartbeat_secs, self.log)
+        try:
+            with beat:
+                shard = verified_shard(self.job, self.lease.shard)
+                self.runner(str(shard), str(self.output), str(self.job.root))
+                digest = inspect_output(self.output)
+        except Interrupted:
+            self._end("interrupted")
+            self.store.release(self.lease)
+            raise
+        except ShardMismatch as exc:  # retrying cannot heal an edited shard
+            return self._failed(exc, terminal=True)
+        except Exception as exc:  # the runner's failure fails the attempt, not the worker
+            if full := disk_full_in(exc):
+                raise NoSpace(self.output, full) from exc
+            return self._failed(exc)
+        if beat.lost.is_set() or not self.store.is_current(self.lease):
+            self._end("superseded", "lease taken over by a later attempt; output not published")
+            self.log(f"{self.name} superseded; not publishing")
+            return "superseded"
+        return self._publish(digest)
+
+    def _make_folder(self) -> None:
+        """The attempt's own folder, made now: one already there, or one outside the job dir, is refused."""
+        try:
+            with space_for(self.adir):
+                self.adir.parent.mkdir(parents=True, exist_ok=True)
+                self.job.confine(str(self.adir.parent.relative_to(self.job.root)), "attempts folder")
+                os.mkdir(self.adir)
+        except FileExistsError as exc:
+            raise IntegrityError(
+                f"{self.adir}: already exists although attempt {self.lease.attempt} of {self.lease.shard} was just "
+                "claimed; something other than a worker wrote into the job dir: refusing to use it"
+            ) from exc
+
+    def _publish(self, digest: OutputDigest) -> str:
+        record = DoneRecord(
+            shard=self.lease.shard,
+            attempt=self.lease.attempt,
+            host=self.store.host,
+            pid=os.getpid(),
+            rows=digest.rows,
+            bytes=digest.bytes,
+            sha256=digest.sha256,
+            output=str(self.output.relative_to(self.job.root)),
+            started_at=self.record.started_at,
+            finished_at=time.time(),
+            **op_totals(self.adir),
+        )
+        with space_for(self.job.done_path(record.shard)):
+            published = publish_done(self.job, record)
+        if not published:
+            self._save("duplicate", "another attempt published done first")
+            return "duplicate"
+        self._save("done")
+        seconds = (record.finished_at or 0.0) - self.record.started_at
+        dropped = f" ({record.error_rows} row(s) removed by op errors; see {self.adir / 'process.log'})"
+        self.log(
+            f"done {record.shard} rows={digest.rows} in {seconds:.1f}s attempt {attempt_name(record.attempt)}"
+            + (dropped if record.error_rows else "")
+        )
+        return "done"
+
+    def _failed(self, exc: Exception, terminal: bool = False) -> str:
+        error = f"{type(exc).__name__}: {exc}"
+        with open(self.adir / "process.log", "a", encoding="utf-8") as f:
+            f.write("\n" + "".join(traceback.format_exception(exc)))
+        self._end("failed", error)
+        failures = failure_count(self.job, self.lease.shard, self.lease.attempt)
+        self.log(f"{self.name} failed ({failures} failure(s)): {first_line(error)}; log: {self.adir / 'process.log'}")
+        if terminal or failures > self.policy.max_retries:
+            fail_terminally(self.job, self.lease.shard, self.lease.attempt, self.store.host, error)
+        self.store.release(self.lease)
+        return "failed"
+
+    def _save(self, outcome: str | None = None, error: str | None = None) -> None:
+        """Write the attempt record (ending it with ``outcome``); a full disk stops the worker."""
+        with space_for(attempt_file(self.adir)):
+            if outcome is None:
+                write_attempt(self.adir, self.record)
+            else:
+                self._end(outcome, error)
+
+    def _end(self, outcome: str, error: str | None = None) -> None:
+        write_attempt(self.adir, self.record.finish(outcome, error))
+
+
+def verified_shard(job: JobDir, sid: str) -> Path:
+    """The shard's file, after checking its bytes and sha256 against the manifest."""
+    spec = job.shard(sid)
+    path = job.shard_file(sid)
+    try:
+        d = digest_file(path)
+    except OSError as exc:
+        raise ShardMismatch(
+            f"{path}: cannot be read ({exc.strerror}); restore it from a backup "
+            "or prepare the job again in a new job dir"
+        ) from exc
+    if (d.bytes, d.sha256) != (spec.bytes, spec.sha256):
+        raise ShardMismatch(
+            f"{path}: does not match the manifest ({d.bytes} bytes, sha256 {d.sha256[:12]}…; the manifest says "
+            f"{spec.bytes} bytes, sha256 {spec.sha256[:12]}…): it changed after prepare, so it is not run; "
+            "restore it, or prepare the job again in a new job dir"
+        )
+    return path
+
+
+def op_totals(adir: Path) -> dict:
+    """Rows in and rows removed by op errors from the runner's ``ops.json`` (none: a runner that counts nothing)."""
+    ops = read_record(adir / OPS_NAME)
+    return {k: ops[k] for k in ("rows_in", "error_rows") if type(ops.get(k)) is int}
+
+
+def claim_note(job: JobDir, sid: str, attempt: int) -> str:
+    """Say when a claim takes over a lost attempt or retries a failed one (the console's story)."""
+    if attempt < 2:
+        return ""
+    prev = read_record(attempt_file(job.attempt_dir(sid, attempt - 1)))
+    if prev.get("outcome") in (None, "running"):
+        who = f"host={prev.get('host', '?')} pid={prev.get('pid', '?')}"
+        return f" (taking over attempt {attempt_name(attempt - 1)} of {who}: its lease went stale)"
+    return " (retry after a failure)" if prev.get("outcome") == "failed" else ""

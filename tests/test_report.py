@@ -1,0 +1,199 @@
+"""The job report as a person sees it: a real multi-process job, opened in headless Chromium.
+
+Chromium is the Debian package (``.ci/run`` installs it). Where it is absent
+the browser test skips, unless ``CI`` is set: there it fails.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from html.parser import HTMLParser
+from pathlib import Path
+
+import orjson
+
+from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.report import REPORT_NAME, write_report
+from tests.require import require
+
+from .jobs import REPO, env_with, make_job, spawn_worker, wait_for, write_corpus
+
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--hide-scrollbars",
+    "--enable-logging=stderr",
+    "--v=0",
+]
+CONSOLE_RE = re.compile(r":CONSOLE[:(]\d*\)?\]? (.*)")
+
+
+def chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    require(bool(found), "chromium (apt-get install chromium)")
+    return found
+
+
+def browse(page: Path, tmp: Path, *extra: str) -> tuple[str, list[str]]:
+    """Run headless Chromium on ``page`` with a fresh profile: (stdout, console messages)."""
+    profile = tmp / f"profile-{time.monotonic_ns()}"
+    cmd = [chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *extra, page.as_uri()]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    shutil.rmtree(profile, ignore_errors=True)
+    assert out.returncode == 0, f"chromium exited {out.returncode}: {out.stderr[-2000:]}"
+    return out.stdout, [m.group(1) for m in CONSOLE_RE.finditer(out.stderr)]
+
+
+class Bars(HTMLParser):
+    """The timeline's bars as the browser laid the DOM out: (shard, attempt) -> outcome."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bars: dict[tuple[str, int], str] = {}
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        a = dict(attrs)
+        if tag == "rect" and "bar" in (a.get("class") or "").split():
+            key = (a["data-shard"], int(a["data-attempt"]))
+            assert key not in self.bars, f"two bars for {key}"
+            self.bars[key] = a["data-outcome"]
+
+
+def expected_outcomes(job: JobDir, killed_host: str) -> dict[tuple[str, int], str]:
+    """What each attempt ended as, from the job dir itself (the killed node's attempts are lost)."""
+    want = {}
+    for shard_dir in sorted(job.attempts_dir.iterdir()):
+        winner = orjson.loads(job.done_path(shard_dir.name).read_bytes())["attempt"]
+        for adir in sorted(shard_dir.iterdir()):
+            info = orjson.loads((adir / "attempt.json").read_bytes())
+            n = int(adir.name)
+            if info["host"] == killed_host:
+                assert info["outcome"] == "running", info
+                want[shard_dir.name, n] = "lost"
+            else:
+                want[shard_dir.name, n] = "done" if n == winner else info["outcome"]
+    return want
+
+
+def run_nodes(tmp: Path) -> tuple[JobDir, list[subprocess.Popen]]:
+    """Three nodes of one run: node-c hangs in its first shard and is killed; node-a and node-b finish."""
+    dataset = write_corpus(tmp / "input" / "data.jsonl", 480)
+    job = JobDir(tmp / "job")
+
+    def node(host: str, **env: str) -> subprocess.Popen:
+        cmd = [sys.executable, "-m", "tests.coord_node", "--job-dir", str(job.root), "--export", str(tmp / "out.jsonl")]
+        cmd += ["--dataset", str(dataset), "--shards", "12", "--runner", "story", "--wait-timeout", "60"]
+        full = env_with(DJ_ELASTIC_HOSTNAME=host, DJ_ELASTIC_RUN_ID="report-run", **env)
+        with open(tmp / f"{host}.log", "wb") as log:
+            return subprocess.Popen(
+                cmd, cwd=REPO, env=full, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    hung = node("node-c", DJE_TEST_HANG="1")
+    wait_for(lambda: any(job.attempts_dir.glob("*/*/started")), timeout=120)
+    os.killpg(hung.pid, signal.SIGKILL)
+    hung.wait()
+    fail_once = "part-00003-of-00012,part-00008-of-00012"
+    return job, [node(h, DJE_TEST_FAIL_ONCE=fail_once, DJE_TEST_UNIT="0.3") for h in ("node-a", "node-b")]
+
+
+def test_report_of_a_real_job_in_chromium(tmp_path):
+    chromium()
+    job, nodes = run_nodes(tmp_path)
+    try:
+        codes = [n.wait(timeout=240) for n in nodes]
+    finally:
+        for n in nodes:
+            if n.poll() is None:
+                os.killpg(n.pid, signal.SIGKILL)
+    logs = [(tmp_path / f"{h}.log").read_text() for h in ("node-a", "node-b")]
+    assert codes == [0, 0], logs
+    story = "".join(logs)  # the console tells the takeover and the retries
+    assert "(taking over attempt 0001 of host=node-c" in story and "(retry after a failure)" in story, story
+    page = job.root / REPORT_NAME
+    assert page.exists(), "the finalize coordinator wrote no report into the job dir"
+    html = page.read_text()
+    assert "<script" not in html and not re.search(r"""(src|href)=["']?https?:""", html), (
+        "the page must be self-contained"
+    )
+
+    dom, console = browse(page, tmp_path, "--dump-dom")
+    assert console == [], f"the page raised console messages: {console}"
+    parser = Bars()
+    parser.feed(dom)
+    want = expected_outcomes(job, "node-c")
+    assert parser.bars == want
+    assert sorted(set(want.values())) == ["done", "failed", "lost"], want  # a killed node and retried shards
+    assert "injected first-attempt failure for part-00003-of-00012" in dom
+    assert "every_other_row_filter" in dom  # the op table, from each shard's ops.json
+
+    shot = Path(os.environ.get("DJE_REPORT_SCREENSHOT") or tmp_path / "report.png")
+    browse(page, tmp_path, f"--screenshot={shot}", "--window-size=1280,1500")
+    png = shot.read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000, "no real screenshot was taken"
+
+
+def test_console_check_sees_a_page_error(tmp_path):
+    """The console capture above would see an error: a page that logs one is caught."""
+    page = tmp_path / "control.html"
+    page.write_text('<!DOCTYPE html><html><body><script>console.error("control error")</script></body></html>')
+    _, console = browse(page, tmp_path, "--dump-dom")
+    assert any("control error" in m for m in console), console
+
+
+def test_report_of_a_half_written_job_dir_skips_what_is_broken(tmp_path):
+    job = make_job(tmp_path, rows=60, shards=6)
+    worker = spawn_worker(job, "copy", "--max-shards", "3")
+    assert worker.wait(timeout=120) == 0
+    attempts = sorted(job.attempts_dir.glob("*/0001/attempt.json"))
+    assert len(attempts) == 3
+    attempts[0].write_text("{not json")  # a crash mid-write, a disk error
+    (attempts[1].parent / "ops.json").write_text("[1, 2")
+    untouched = next(s.id for s in job.manifest().shards if not (job.attempts_dir / s.id).exists())
+    os.makedirs(job.attempts_dir / untouched / "0001")  # a claim killed before its attempt.json
+    html = write_report(job.root).read_text()
+    assert html.count('class="bar ') == 2
+    assert "attempt.json missing or unreadable" in html
+    assert ">running<" in html  # the job is not finished
+
+    job.manifest_path.write_text("{")  # even the manifest
+    html = write_report(job.root, tmp_path / "r.html").read_text()
+    assert "manifest.json unreadable" in html and html.count('class="bar ') == 2
+
+
+WATCH = ["--watch", "--interval", "0.1"]
+
+
+def test_status_watch_follows_a_job_until_it_ends(tmp_path):
+    job = make_job(tmp_path, rows=40, shards=4)
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "data_juicer_elastic.cli", "status", "--job-dir", str(job.root), *WATCH],
+        cwd=REPO,
+        env=env_with(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    worker = spawn_worker(job, "weighted", DJE_TEST_UNIT="0.5")
+    try:
+        assert worker.wait(timeout=120) == 0
+        out, _ = watch.communicate(timeout=60)
+    finally:
+        for p in (worker, watch):
+            if p.poll() is None:
+                p.kill()
+    assert watch.returncode == 0, out
+    lines = out.splitlines()
+    assert "0/4 shards done" in lines[0] and "4/4 shards done" in lines[-1], out
+    assert any("1 running" in line and "1 host(s) active" in line for line in lines), out
+    assert len(lines) == len(set(line.split(" ", 1)[1] for line in lines)), "a line per change, not per poll"
