@@ -22,8 +22,8 @@ model once per shard. Here the op's actors are started once per job instead:
   actor of its pool, so the forwarding tasks never need to know which actor
   is free, and the pool's actors are used evenly whatever the block count.
 * An actor that dies mid-shard fails the calls it had (the attempt fails and
-  is retried by the claim loop) and is restarted by Ray (``max_restarts=-1``),
-  so the next attempt finds a replacement that loads its model again.
+  is retried by the claim loop) and the router replaces it at once with a new
+  one built the same way, which loads its model again on first use.
 * Pools only ever hold resources Data-Juicer's own checks already granted
   the op, and at least one CPU of the node is always left to the shard's
   other tasks (reads, task-mode ops, writes): an op whose pool would not fit
@@ -73,66 +73,44 @@ class _WarmOp:
 
 
 class _Router:
-    """Sends each batch to the least busy live actor of one pool (async: many batches in flight).
+    """Sends each batch to the least busy actor of one pool (async: many batches in flight).
 
-    An actor whose call failed because it died is left out until Ray has
-    restarted it (a call to a restarting actor would fail too), so only the
-    attempt that was running on it fails.
+    An actor that died is replaced at once by a new one built the same way
+    (it loads its model again on first use); only the attempt whose batch it
+    had fails.
     """
 
-    def __init__(self, actors: list[Any]) -> None:
-        import asyncio
-
+    def __init__(self, actors: list[Any], spawn: tuple[dict, type, tuple, dict]) -> None:
         self.actors = actors
+        self.spawn = spawn  # actor options, op class, args, kwargs
         self.busy = [0] * len(actors)
-        self.live = [asyncio.Event() for _ in actors]
-        for event in self.live:
-            event.set()
         self.next = 0  # ties go round the pool, so every actor gets work even one batch at a time
-        self.recovering: dict[int, Any] = {}
 
     async def submit(self, refs: list[Any], work_dir: str | None) -> list[Any]:
-        i = await self._pick()
+        n = len(self.actors)
+        i = min(((self.next + k) % n for k in range(n)), key=lambda j: self.busy[j])
+        self.next = (i + 1) % n
+        actor = self.actors[i]
         self.busy[i] += 1
         try:
-            done, out = self.actors[i].process.options(num_returns=2).remote(refs[0], work_dir)
+            done, out = actor.process.options(num_returns=2).remote(refs[0], work_dir)
             await done  # raises if the op raised or the actor died: the caller's task fails
         except ray.exceptions.RayActorError:
-            self._recover(i)
+            self._replace(i, actor)
             raise
         finally:
             self.busy[i] -= 1
         return [out]
 
-    async def _pick(self) -> int:
-        import asyncio
-
-        n = len(self.actors)
-        while not any(e.is_set() for e in self.live):
-            waits = [asyncio.ensure_future(e.wait()) for e in self.live]
-            _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            for w in pending:
-                w.cancel()
-        live = [(self.next + k) % n for k in range(n) if self.live[(self.next + k) % n].is_set()]
-        i = min(live, key=lambda j: self.busy[j])
-        self.next = (i + 1) % n
-        return i
-
-    def _recover(self, i: int) -> None:
-        import asyncio
-
-        if not self.live[i].is_set():
+    def _replace(self, i: int, dead: Any) -> None:
+        if self.actors[i] is not dead:  # replaced already by another batch's failure
             return
-        self.live[i].clear()
+        options, op_class, args, kwargs = self.spawn
+        ray.kill(dead, no_restart=True)
+        self.actors[i] = ray.remote(_WarmOp).options(**options).remote(op_class, args, kwargs)
 
-        async def wait_restarted() -> None:
-            try:
-                await self.actors[i].where.options(max_task_retries=-1).remote()
-            except Exception:  # gone for good: calls fail fast again, and so do their attempts
-                pass
-            self.live[i].set()
-
-        self.recovering[i] = asyncio.ensure_future(wait_restarted())
+    def where(self) -> list[Any]:
+        return [a.where.remote() for a in self.actors]
 
 
 def forward_batch(batch: Any, *, router: Any, work_dir: str | None) -> Any:
@@ -153,17 +131,18 @@ class WarmPool:
     router: Any = None
 
     def start(self, op_class: type, args: tuple, kwargs: dict, runtime_env: Any) -> None:
-        options: dict[str, Any] = {"num_cpus": self.cpus, "max_restarts": -1, "max_task_retries": 0}
+        options: dict[str, Any] = {"num_cpus": self.cpus, "max_restarts": 0}
         if self.gpus:
             options["num_gpus"] = self.gpus
         if runtime_env:
             options["runtime_env"] = runtime_env
         cls = ray.remote(_WarmOp)
         self.actors = [cls.options(**options).remote(op_class, args, kwargs) for _ in range(self.size)]
-        self.router = ray.remote(_Router).options(num_cpus=0).remote(self.actors)
+        spawn = (options, op_class, args, kwargs)
+        self.router = ray.remote(_Router).options(num_cpus=0).remote(self.actors, spawn)
 
     def where(self) -> list[dict[str, Any]]:
-        return ray.get([a.where.remote() for a in self.actors])
+        return ray.get(ray.get(self.router.where.remote()))
 
     def kill(self) -> None:
         for actor in [self.router, *self.actors]:
