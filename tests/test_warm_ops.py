@@ -127,7 +127,8 @@ def gpu_ray(tmp_path):
     """A node-local Ray head with 2 logical GPUs, in its own session; stopped by its process group."""
     port = _free_port()
     ray_tmp = tempfile.mkdtemp(prefix="r", dir="/tmp")  # Ray's socket paths must stay under 107 bytes
-    env = env_with(RAY_USAGE_STATS_ENABLED="0")  # its workers inherit this environment (PYTHONPATH: this repo)
+    # Its workers inherit this environment (PYTHONPATH: this repo); no token auth, so the worker can join it.
+    env = env_with(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
     head = subprocess.Popen(
         [
             str(Path(sys.executable).parent / "ray"),
