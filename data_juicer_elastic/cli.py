@@ -15,6 +15,7 @@ from jsonargparse import ArgumentParser, Namespace
 from data_juicer_elastic.errors import ElasticError, UserError
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.status import describe_error_rows, error_rows_by_shard, first_line
+from data_juicer_elastic.worker.speculation import Speculation
 
 
 def _job_dir_arg(p: ArgumentParser) -> None:
@@ -43,6 +44,10 @@ def _worker_args(p: ArgumentParser) -> None:
     p.add_argument(
         "--prefetch-shards", type=int, default=1, help="shards claimed and read in ahead of the one running (0: none)"
     )
+    p.add_argument("--no-speculation", action="store_true", help="never back up another host's late shard")
+    p.add_argument("--speculation-quantile", type=float, default=Speculation.quantile)
+    p.add_argument("--speculation-multiplier", type=float, default=Speculation.multiplier)
+    p.add_argument("--speculation-min-secs", type=float, default=Speculation.min_secs)
 
 
 def _status_args(p: ArgumentParser) -> None:
@@ -144,10 +149,19 @@ def cmd_worker(a: Namespace) -> int:
 
         install_story_console()  # DJ_ELASTIC_CONSOLE=full keeps Data-Juicer's and Ray's output
         runner = RayShardRunner(ray_address=a.ray_address or job.manifest().policy.ray_address)
+    speculation = Speculation(
+        not a.no_speculation, a.speculation_quantile, a.speculation_multiplier, a.speculation_min_secs
+    )
+    speculation.check()
     if a.prefetch_shards < 0:
         raise UserError(f"--prefetch-shards must be 0 or more, got {a.prefetch_shards}")
     result = run_worker(
-        job.root, runner, max_shards=a.max_shards, stop_when_idle=a.stop_when_idle, prefetch=a.prefetch_shards
+        job.root,
+        runner,
+        max_shards=a.max_shards,
+        stop_when_idle=a.stop_when_idle,
+        speculation=speculation,
+        prefetch=a.prefetch_shards,
     )
     print(f"worker exit {result.exit_code}: {result.message}", file=sys.stderr if result.exit_code else sys.stdout)
     return result.exit_code
@@ -191,7 +205,26 @@ def format_status(st, *, show_all: bool) -> str:
             rows = "" if s.rows is None else str(s.rows)
             extra = f"  ({first_line(s.error)})" if s.error else ""
             lines.append(f"{s.id:<22} {s.state:<8} {s.attempts:>8} {rows:>9}  {s.host or ''}{extra}")
+    lines += [f"backup: {s.id} {backup_line(s.backup)}" for s in st.shards if s.backup and "won" not in s.backup]
+    won = sum(1 for s in st.shards if s.backup and "won" in s.backup)
+    if won:
+        lines.append(f"backups that won: {won} shard(s)")
     return "\n".join(lines)
+
+
+def backup_line(b: dict) -> str:
+    """One running backup: which attempt on which host backs up which, and how late the original is."""
+    late = ""
+    if b.get("original_elapsed_secs") is not None and b.get("expected_secs"):
+        late = (
+            f", original running {b['original_elapsed_secs']:.0f}s of an expected {b['expected_secs']:.0f}s "
+            f"({b['original_elapsed_secs'] / b['expected_secs']:.1f}x)"
+        )
+    state = "live" if b.get("original_live") else "not live"
+    return (
+        f"attempt {b['attempt']} on host={b.get('host')} backs up attempt {b['original_attempt']} "
+        f"on host={b.get('original_host')} ({state}){late}"
+    )
 
 
 def cmd_retry(a: Namespace) -> int:

@@ -9,8 +9,10 @@ from dataclasses import dataclass, field
 from data_juicer_elastic.errors import IntegrityError
 from data_juicer_elastic.job.claims import ClaimStore, claim_store
 from data_juicer_elastic.job.layout import JobDir, Manifest
+from data_juicer_elastic.job.records.attempt import load_attempt
 from data_juicer_elastic.job.records.done import load_done
 from data_juicer_elastic.job.records.failed import load_failed
+from data_juicer_elastic.worker.speculation import RateBook, late_attempt
 
 STATES = ("pending", "running", "stale", "done", "failed")
 OPS_NAME = "ops.json"  # per-op row counts a runner leaves in the attempt dir (see plugin/opcounts)
@@ -27,6 +29,7 @@ class ShardStatus:
     input_rows: int = 0
     heartbeat_age_secs: float | None = None
     error: str | None = None
+    backup: dict | None = None  # a running backup (``backup_view``), or {"won": attempt} once a backup won
     error_rows: int = 0
 
 
@@ -66,6 +69,7 @@ def job_status(job: JobDir) -> JobStatus:
     now = store.now() if len(done) + len(failed) < len(manifest.shards) else time.time()
     shards: list[ShardStatus] = []
     span = [float("inf"), 0.0]  # first start, last finish of the done shards
+    book: list[RateBook] = []  # the job's rate, read only if a backup runs
     for spec in manifest.shards:
         s = ShardStatus(id=spec.id, state="pending", attempts=latest.get(spec.id, 0), input_rows=spec.rows)
         if spec.id in done:
@@ -75,6 +79,9 @@ def job_status(job: JobDir) -> JobStatus:
             s.state, s.host, s.error = "failed", rec and rec.host, rec and rec.error
         elif s.attempts:
             _lease_state(store, s, now)
+            if store.backup_of(s.id, s.attempts) is not None:
+                book = book or [RateBook(job)]
+                s.backup = backup_view(job, store, book[0], done, s, now)
         shards.append(s)
     return _summarise(job, manifest, shards, span[1] - span[0])
 
@@ -86,6 +93,8 @@ def _done_state(job: JobDir, s: ShardStatus, span: list[float]) -> None:
     except IntegrityError:  # verify and merge say what is wrong with it
         rec = None
     if rec is not None:
+        s.host, s.rows = rec.host, rec.rows
+        s.backup = {"won": rec.attempt} if rec.backup else None
         s.host, s.rows, s.error_rows = rec.host, rec.rows, rec.error_rows
         span[0] = min(span[0], span[0] if rec.started_at is None else rec.started_at)
         span[1] = max(span[1], span[1] if rec.finished_at is None else rec.finished_at)
@@ -95,11 +104,32 @@ def _lease_state(store: ClaimStore, s: ShardStatus, now: float) -> None:
     age = store.heartbeat_age(s.id, s.attempts, now)
     lease = store.read_lease(s.id, s.attempts) or {}
     s.host = lease.get("host")
+    if lease.get("backup_of") == s.attempts - 1:  # running while either the backup or its original is
+        original = store.heartbeat_age(s.id, s.attempts - 1, now)
+        if original is not None and (age is None or original < age):
+            age = original
     if age is None or age == float("inf"):
         s.state = "pending"  # released: claimable at once
     else:
         s.heartbeat_age_secs = round(age, 1)
         s.state = "running" if age < store.lock_timeout else "stale"
+
+
+def backup_view(job: JobDir, store: ClaimStore, book: RateBook, done: set[str], s: ShardStatus, now: float) -> dict:
+    """A running backup: its host and attempt, the original's, and how late the original is."""
+    book.update(done)
+    original = s.attempts - 1
+    late = late_attempt(job, store, book, s.id, original, now)
+    info = load_attempt(job.attempt_dir(s.id, original))
+    return {
+        "attempt": s.attempts,
+        "host": s.host,
+        "original_attempt": original,
+        "original_host": info.host if info else None,
+        "original_live": store.is_live(s.id, original, now),
+        "original_elapsed_secs": round(late.elapsed, 1) if late else None,
+        "expected_secs": round(late.expected, 1) if late else None,
+    }
 
 
 def _summarise(job: JobDir, manifest: Manifest, shards: list[ShardStatus], elapsed: float) -> JobStatus:

@@ -24,6 +24,7 @@ from data_juicer_elastic.errors import UserError
 from data_juicer_elastic.job.layout import Policy
 from data_juicer_elastic.job.versions import current_versions
 from data_juicer_elastic.prepare.driver import PrepareRequest
+from data_juicer_elastic.worker.speculation import Speculation
 
 from . import runners
 from .jobs import RECIPE
@@ -47,6 +48,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--prepare-sleep", type=float, default=0.0, help="the prepare factory sleeps this long first")
     p.add_argument("--prepare-error", default=None, help="the prepare factory raises UserError(this)")
     p.add_argument("--mark-dir", default=None, help="make_runner leaves <host>-<pid> here")
+    p.add_argument("--speculation-min-secs", type=float, default=None, help="speculation on with this minimum")
     return p.parse_args(argv)
 
 
@@ -84,6 +86,9 @@ def build_spec(a: argparse.Namespace) -> JobSpec:
         max_shards=a.max_shards,
         wait_timeout_secs=a.wait_timeout,
         poll_interval_secs=a.poll,
+        speculation=Speculation(min_secs=a.speculation_min_secs, quantile=0.5, multiplier=3.0)
+        if a.speculation_min_secs is not None
+        else Speculation(),
     )
 
 

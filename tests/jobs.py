@@ -183,3 +183,16 @@ def kill_group(proc: subprocess.Popen, sig: int = 9) -> None:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
             pass
+
+
+def started_shard(job: JobDir, attempt: str = "0001", timeout: float = 60) -> str:
+    """The shard whose attempt ``attempt`` left a ``started`` mark (a test runner straggling in it)."""
+    found: list[str] = []
+
+    def look() -> bool:
+        if job.attempts_dir.exists():
+            found.extend(d.name for d in job.attempts_dir.iterdir() if (d / attempt / "started").exists())
+        return bool(found)
+
+    wait_for(look, timeout=timeout)
+    return found[0]

@@ -10,8 +10,8 @@ from pathlib import Path
 import orjson
 
 from data_juicer_elastic.job.layout import JobDir, Policy
+from data_juicer_elastic.job.records.done import DoneRecord, expected_output, publish_done
 from data_juicer_elastic.prepare.driver import PrepareRequest, PrepareResult, prepare
-from data_juicer_elastic.storage.files import dumps_json, publish_once
 
 RECIPE = b"# test recipe\nproject_name: t\nprocess:\n  - text_length_filter: {min_len: 1}\n"
 
@@ -74,19 +74,19 @@ def fake_done(job: JobDir, sid: str, *, attempt: int = 1, host: str = "node-a", 
     out.parent.mkdir(parents=True, exist_ok=True)
     data = job.shard_file(sid).read_bytes() if content is None else content
     out.write_bytes(data)
-    record = {
-        "shard": sid,
-        "attempt": attempt,
-        "host": host,
-        "pid": 1,
-        "rows": data.count(b"\n"),
-        "bytes": len(data),
-        "sha256": hashlib.sha256(data).hexdigest(),
-        "output": f"attempts/{sid}/{attempt:04d}/processed.jsonl",
-        "started_at": time.time(),
-        "finished_at": time.time(),
-    }
-    assert publish_once(job.done_path(sid), dumps_json(record))
+    record = DoneRecord(
+        shard=sid,
+        attempt=attempt,
+        host=host,
+        pid=1,
+        rows=data.count(b"\n"),
+        bytes=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+        output=expected_output(sid, attempt),
+        started_at=time.time(),
+        finished_at=time.time(),
+    )
+    assert publish_done(job, record)
     return out
 
 

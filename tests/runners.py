@@ -119,6 +119,82 @@ def die_after_output(shard_path: str, output_path: str, job_dir: str) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+_ran = [0]  # shards this process's straggler runner has started
+
+
+def _is_backup(output_path: str) -> bool:
+    import orjson
+
+    try:
+        return bool(orjson.loads((Path(output_path).parent / "attempt.json").read_bytes()).get("backup"))
+    except (OSError, ValueError):
+        return False
+
+
+def straggler(shard_path: str, output_path: str, job_dir: str) -> None:
+    """A copy that straggles on purpose, for speculation tests.
+
+    It straggles on hosts (DJ_ELASTIC_HOSTNAME) listed in DJE_TEST_SLOW_HOSTS, from this process's
+    DJE_TEST_SLOW_AFTER-th shard on (default 0: every shard), and on any host for backup attempts when
+    DJE_TEST_SLOW_BACKUPS=1. Straggling touches ``started`` in the attempt dir, then waits until the
+    shard's done record exists (DJE_TEST_UNTIL_DONE=1), the file DJE_TEST_GATE exists, or DJE_TEST_SLEEP
+    seconds (default 600) have passed, whichever comes first; then the output is written as by ``copy``.
+    Shards it does not straggle on take DJE_TEST_BASE seconds (default 0.2), so rates are not noise.
+    """
+    from data_juicer_elastic.job.layout import JobDir
+
+    _ran[0] += 1
+    host = os.environ.get("DJ_ELASTIC_HOSTNAME", "")
+    slow_host = host in os.environ.get("DJE_TEST_SLOW_HOSTS", "").split(",") and _ran[0] > int(
+        os.environ.get("DJE_TEST_SLOW_AFTER", "0")
+    )
+    if slow_host or (os.environ.get("DJE_TEST_SLOW_BACKUPS") == "1" and _is_backup(output_path)):
+        Path(output_path).parent.joinpath("started").touch()
+        done = JobDir(job_dir).done_path(_shard_name(shard_path))
+        gate = os.environ.get("DJE_TEST_GATE")
+        until_done = os.environ.get("DJE_TEST_UNTIL_DONE") == "1"
+        deadline = time.monotonic() + float(os.environ.get("DJE_TEST_SLEEP", "600"))
+        while time.monotonic() < deadline:
+            if (until_done and done.exists()) or (gate and os.path.exists(gate)):
+                break
+            time.sleep(0.005)
+    else:
+        time.sleep(float(os.environ.get("DJE_TEST_BASE", "0.2")))
+    copy(shard_path, output_path, job_dir)
+
+
+_weight_seen = [0.0, 1.0]  # when the done count was last looked at, the weight it gave
+
+
+def _row_weight(job_dir: str) -> float:
+    """DJE_TEST_WEIGHT, or DJE_TEST_WEIGHT_LATER once DJE_TEST_SLOW_AT shards are done (looked up every 0.1 s)."""
+    weight = float(os.environ.get("DJE_TEST_WEIGHT", "1"))
+    later, at = os.environ.get("DJE_TEST_WEIGHT_LATER"), os.environ.get("DJE_TEST_SLOW_AT")
+    if later is None or at is None:
+        return weight
+    now = time.monotonic()
+    if now - _weight_seen[0] >= 0.1:
+        done = Path(job_dir, "state", "done")
+        count = sum(1 for n in os.listdir(done) if n.endswith(".json") and not n.startswith("."))
+        _weight_seen[:] = [now, float(later) if count >= int(at) else weight]
+    return _weight_seen[1]
+
+
+def per_row(shard_path: str, output_path: str, job_dir: str) -> None:
+    """A copy that costs DJE_TEST_ROW_COST seconds per row times this node's weight (see ``_row_weight``).
+
+    The weight is applied row by row, so a node made slower mid-job slows down inside its current shard.
+    Sleeps run to a deadline, so a busy machine's late wake-ups do not add up over the rows.
+    """
+    cost = float(os.environ.get("DJE_TEST_ROW_COST", "0.01"))
+    due = time.monotonic()
+    with open(shard_path, "rb") as src, open(output_path, "wb") as out:
+        for line in src:
+            due += cost * _row_weight(job_dir)
+            time.sleep(max(due - time.monotonic(), 0.0))
+            out.write(line)
+
+
 def story(shard_path: str, output_path: str, job_dir: str) -> None:
     """For the report test: hangs on every shard where DJE_TEST_HANG is set (a node to kill), fails the
     first attempt of DJE_TEST_FAIL_ONCE shards, otherwise keeps every other row after DJE_TEST_UNIT seconds

@@ -19,6 +19,7 @@ from data_juicer_elastic.prepare.split import TooFewRows
 from data_juicer_elastic.storage.files import disk_full_in
 from data_juicer_elastic.worker.attempt import ShardMismatch
 from data_juicer_elastic.worker.disk_full import NoSpace
+from data_juicer_elastic.worker.fencing import Fenced
 from data_juicer_elastic.worker.signals import Interrupted
 
 
@@ -42,6 +43,7 @@ def _samples() -> list[BaseException]:
         _ShortRead(),
         NoSpace(Path("/job/attempts/x"), _no_space()),
         Interrupted(15),
+        Fenced(),
         _Handoff({"executor_type": "elastic_shard"}),
         _UserFailure(UserError("bad key")),
     ]

@@ -271,7 +271,15 @@ def test_elastic_shard_keys_are_typed(tmp_path, parse):
     assert ok.elastic_shard.num_shards == 8 and ok.elastic_shard.max_retries == 0
     assert ok.elastic_shard.ray_address == "local" and ok.elastic_shard.wait_timeout_secs == 3600
     assert parser.parse_args(["--auto", "--elastic_shard.num_shards", "auto"]).elastic_shard.num_shards == "auto"
+    assert (ok.elastic_shard.speculation, ok.elastic_shard.speculation_quantile) == (True, 0.75)
+    off = parser.parse_args(
+        ["--auto", "--elastic_shard.speculation", "false", "--elastic_shard.speculation_min_secs", "5"]
+    )
+    assert off.elastic_shard.speculation is False and off.elastic_shard.speculation_min_secs == 5
     for bad in (
+        ["--elastic_shard.speculation_quantile", "1.5"],
+        ["--elastic_shard.speculation_multiplier", "0"],
+        ["--elastic_shard.speculation_min_secs", "-1"],
         ["--elastic_shard.num_shards", "0"],
         ["--elastic_shard.num_shards", "many"],
         ["--elastic_shard.lock_timeout_secs", "-1"],

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .test_integration import OFFLINE, REPO, dj_process
+from .reference import OFFLINE, REPO, dj_process
 
 DJ_ELASTIC = str(Path(sys.executable).parent / "dj-elastic")
 

@@ -184,10 +184,12 @@ def test_status_watch_follows_a_job_until_it_ends(tmp_path):
         stdout=subprocess.PIPE,
         text=True,
     )
-    worker = spawn_worker(job, "weighted", DJE_TEST_UNIT="0.5")
+    first = watch.stdout.readline()  # the watch is up before the job moves
+    worker = spawn_worker(job, "weighted", DJE_TEST_UNIT="1.0")
     try:
         assert worker.wait(timeout=120) == 0
         out, _ = watch.communicate(timeout=60)
+        out = first + out
     finally:
         for p in (worker, watch):
             if p.poll() is None:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from data_juicer_elastic.errors import UserError
 from data_juicer_elastic.job.layout import Policy
 from data_juicer_elastic.worker.runner import Runner
+from data_juicer_elastic.worker.speculation import Speculation
 
 if TYPE_CHECKING:
     from data_juicer_elastic.prepare.driver import PrepareRequest
@@ -47,6 +48,7 @@ class JobSpec:
     poll_interval_secs: float = Policy.poll_interval_secs
     allow_version_mismatch: bool = False
     overwrite_output: bool = True
+    speculation: Speculation = field(default_factory=Speculation)  # a worker option: may change per submission
 
     def check(self) -> None:
         if self.nodes is not None and self.nodes < 1:
@@ -59,6 +61,7 @@ class JobSpec:
             raise UserError(f"elastic_shard.prefetch_shards must be 0 or more, got {self.prefetch_shards}")
         if (self.wait_timeout_secs is not None and self.wait_timeout_secs <= 0) or self.poll_interval_secs <= 0:
             raise UserError("elastic_shard.wait_timeout_secs and poll_interval_secs must be positive")
+        self.speculation.check()
 
     @property
     def timeout(self) -> float:

@@ -75,6 +75,7 @@ class AfterPrepare:
                 host=self.host,
                 max_shards=self.shard_quota(),
                 prefetch=self.spec.prefetch_shards,
+                speculation=self.spec.speculation,
                 should_stop=lambda: self.run.aborted() is not None,
                 log=self.log,
             )
@@ -179,7 +180,7 @@ def _any_live(store: ClaimStore, done: set[str]) -> bool:
     if not pending:
         return False
     now = store.now()
-    return any(store.is_live(sid, n, now) for sid, n in pending.items())
+    return any(store.live_pair(sid, n, now) for sid, n in pending.items())  # a backup's original counts
 
 
 def _hosts_of(job: JobDir, done: set[str]) -> dict[str, int]:

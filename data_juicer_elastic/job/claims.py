@@ -9,6 +9,14 @@ filesystem's clock (never the local one) is ``lock_timeout`` past that mtime.
 Heartbeats rewrite a byte of the lease (``storage.touch``), so the file
 server stamps them. Releasing a lease sets its mtime to 1 (the epoch's first
 second: sshfs turns an mtime of 0 into "now"), which makes it claimable at once.
+
+Backups (``worker/speculation.py``) are the one exception to "one live lease
+per shard": a backup of a live, late attempt ``n`` is attempt ``n+1`` whose
+lease body says ``"backup_of": n``. It is published whole (write, then link),
+so a lease whose body does not (yet) say so is an ordinary takeover. Attempt
+``n`` then stays current beside its backup; only attempt ``n+2`` fences both
+(``is_current``), and that is only claimed once neither of them is live
+(``live_pair``).
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from pathlib import Path
 import orjson
 
 from data_juicer_elastic.job.layout import JobDir
-from data_juicer_elastic.storage.files import create_exclusive, dumps_json, server_now, touch
+from data_juicer_elastic.storage.files import create_exclusive, dumps_json, publish_once, server_now, touch
 from data_juicer_elastic.storage.host import hostname
 from data_juicer_elastic.storage.refresher import LeaseRefresher
 
@@ -40,6 +48,7 @@ class Lease:
     token: str
     path: Path
     claimed_at: float = 0.0  # the shared filesystem's clock when the lease file was made
+    backup_of: int | None = None  # the live attempt this one backs up (speculation), if any
 
 
 def lease_name(shard: str, attempt: int) -> str:
@@ -97,13 +106,17 @@ class ClaimStore:
         return age is not None and age < self.lock_timeout
 
     def read_lease(self, shard: str, attempt: int) -> dict | None:
-        try:
-            fd = os.open(self.lease_path(shard, attempt), os.O_RDONLY | os.O_NOFOLLOW)
-            with open(fd, "rb") as f:
-                data = orjson.loads(f.read(1 << 16))
-        except (OSError, ValueError):
-            return None
-        return data if isinstance(data, dict) else None
+        return read_lease(self.job, shard, attempt)
+
+    def backup_of(self, shard: str, attempt: int) -> int | None:
+        """The attempt that lease ``attempt`` backs up, or None for an ordinary (or unreadable) lease."""
+        return lease_backup_of(self.job, shard, attempt)
+
+    def live_pair(self, shard: str, latest: int, now: float) -> bool:
+        """Is the shard held live: its latest lease, or, when that is a backup, the attempt it backs up?"""
+        if self.is_live(shard, latest, now):
+            return True
+        return self.backup_of(shard, latest) is not None and self.is_live(shard, latest - 1, now)
 
     # actions ----------------------------------------------------------------
     def try_claim(self, shard: str, current: int) -> Lease | None:
@@ -119,9 +132,30 @@ class ClaimStore:
             return None
         return lease
 
+    def try_backup(self, shard: str, original: int) -> Lease | None:
+        """Take attempt ``original + 1`` as a backup of the live attempt ``original``."""
+        attempt = original + 1
+        token = uuid.uuid4().hex
+        path = self.lease_path(shard, attempt)
+        body = {"shard": shard, "attempt": attempt, "host": self.host, "pid": self.pid, "token": token}
+        if not publish_once(path, dumps_json({**body, "backup_of": original})):  # appears whole
+            return None
+        lease = Lease(shard, attempt, self.host, self.pid, token, path, _mtime(path), backup_of=original)
+        if not self.is_current(lease):
+            return None
+        return lease
+
     def is_current(self, lease: Lease) -> bool:
-        """True while no later attempt exists; attempt numbers only ever grow by one."""
-        return not self.lease_path(lease.shard, lease.attempt + 1).exists()
+        """True while no later attempt fences this one; attempt numbers only ever grow by one.
+
+        A backup of this very attempt does not fence it: only the attempt after the backup does.
+        """
+        nxt = lease.attempt + 1
+        if not self.lease_path(lease.shard, nxt).exists():
+            return True
+        if self.backup_of(lease.shard, nxt) != lease.attempt:
+            return False
+        return not self.lease_path(lease.shard, nxt + 1).exists()
 
     def renew(self, lease: Lease) -> None:
         touch(lease.path)
@@ -139,6 +173,23 @@ def claim_store(job: JobDir, host: str | None = None) -> ClaimStore:
     return ClaimStore(job, lock_timeout=job.manifest().policy.lock_timeout_secs, host=host or hostname())
 
 
+def read_lease(job: JobDir, shard: str, attempt: int) -> dict | None:
+    """A lease file's body (not following a symlink), or None."""
+    try:
+        fd = os.open(job.claims_dir / lease_name(shard, attempt), os.O_RDONLY | os.O_NOFOLLOW)
+        with open(fd, "rb") as f:
+            data = orjson.loads(f.read(1 << 16))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def lease_backup_of(job: JobDir, shard: str, attempt: int) -> int | None:
+    """The attempt that lease ``attempt`` backs up, or None for an ordinary (or unreadable) lease."""
+    of = (read_lease(job, shard, attempt) or {}).get("backup_of")
+    return of if type(of) is int and of == attempt - 1 else None
+
+
 def _mtime(path: Path) -> float:
     try:
         return os.lstat(path).st_mtime
@@ -146,6 +197,23 @@ def _mtime(path: Path) -> float:
         return 0.0  # unknown: pacing then ignores this attempt
 
 
-def heartbeat(store: ClaimStore, lease: Lease, interval: float, log: Callable[[str], None]) -> LeaseRefresher:
-    """Renews ``lease`` while its attempt runs; ``.lost`` is set once a later attempt superseded it."""
-    return LeaseRefresher(lease.path, interval, still_ours=lambda: store.is_current(lease), log=log)
+def heartbeat(
+    store: ClaimStore,
+    lease: Lease,
+    interval: float,
+    log: Callable[[str], None],
+    on_lost: Callable[[], None] | None = None,
+) -> LeaseRefresher:
+    """Renews ``lease`` while its attempt runs.
+
+    ``.lost`` is set (and ``on_lost`` called) once a later attempt superseded it, or once another
+    attempt of the shard (its backup, or the original it backs up) published the done record.
+    """
+    done = store.job.done_path(lease.shard)
+    return LeaseRefresher(
+        lease.path,
+        interval,
+        still_ours=lambda: store.is_current(lease) and not done.exists(),
+        log=log,
+        on_lost=on_lost,
+    )

@@ -10,10 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Literal, Optional, Union
 
-from jsonargparse.typing import NonNegativeInt, PositiveFloat, PositiveInt
+from jsonargparse.typing import ClosedUnitInterval, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
 from data_juicer_elastic.coordination.spec import JobSpec
 from data_juicer_elastic.job.layout import Policy
+from data_juicer_elastic.worker.speculation import Speculation
 
 NAME = "elastic_shard"
 KEY = NAME  # the recipe key of the block
@@ -38,6 +39,16 @@ class ElasticShardSettings:
     prefetch_shards: int = JobSpec.prefetch_shards
     ray_address: str = Policy.ray_address
     allow_version_mismatch: bool = JobSpec.allow_version_mismatch
+    speculation: bool = Speculation.enabled
+    speculation_quantile: float = Speculation.quantile
+    speculation_multiplier: float = Speculation.multiplier
+    speculation_min_secs: float = Speculation.min_secs
+
+    def speculation_policy(self) -> Speculation:
+        return Speculation(
+            self.speculation, self.speculation_quantile, self.speculation_multiplier, self.speculation_min_secs
+        )
+
     console: str = "story"
     progress_interval_secs: float | None = 30.0
 
@@ -84,6 +95,18 @@ _ARGS: dict[str, tuple[Any, str]] = {
         bool,
         "Let a node whose Data-Juicer / data-juicer-elastic versions differ from the manifest's work anyway.",
     ),
+    "speculation": (
+        bool,
+        "Back up late shards: a worker with nothing left to claim reruns a live shard of another host that "
+        "runs well past what its size predicts; the first to finish wins. false switches it off.",
+    ),
+    "speculation_quantile": (ClosedUnitInterval, "Fraction of the shards done before any backup starts."),
+    "speculation_multiplier": (
+        PositiveFloat,
+        "A shard is late once it has run this many times what its bytes take at the job's median rate "
+        "(at least 1); a worker this much slower than the job backs up nothing.",
+    ),
+    "speculation_min_secs": (NonNegativeFloat, "Never back up a shard that has run less than this many seconds."),
     "console": (
         Literal["story", "full"],
         "'story': the console shows this project's lines (elections, one line per shard, progress) and "

@@ -1,8 +1,9 @@
 """What the report shows, read from a job dir that may be finished, running, failed or half-written.
 
-Every record is read with :func:`read_record` (a missing or corrupt file reads
-as empty) and every value is type-checked here, so rendering never meets a
-surprise; whatever was skipped is listed in ``notes``. Nothing is written.
+Records are read through their ``job.records`` readers (a missing or
+corrupt one reads as absent) and ``ops.json`` through :func:`read_record`,
+with every value type-checked here, so rendering never meets a surprise;
+whatever was skipped is listed in ``notes``. Nothing is written.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from data_juicer_elastic.errors import ElasticError
+from data_juicer_elastic.errors import ElasticError, IntegrityError
 from data_juicer_elastic.job.claims import RELEASED_MTIME, lease_name
 from data_juicer_elastic.job.layout import JobDir, Manifest, attempt_name
+from data_juicer_elastic.job.records.attempt import load_attempt
+from data_juicer_elastic.job.records.done import load_done
 from data_juicer_elastic.status import OPS_NAME, first_line
 from data_juicer_elastic.storage.files import read_record
 
@@ -131,17 +134,20 @@ def shard_attempts(job: JobDir, sid: str, now: float, notes: list[str]) -> list[
     """The shard's attempts in order, each with its outcome as the report names it."""
     folder = job.attempts_dir / sid
     numbers = sorted(int(n) for n in _listdir(folder) if n.isdigit())
-    done = read_record(job.done_path(sid))
-    winner = _int(done.get("attempt"))
+    try:
+        done = load_done(job, sid)
+    except IntegrityError as exc:
+        notes.append(first_line(str(exc)))
+        done = None
     found: list[Attempt] = []
     for n in numbers:
         a = read_attempt(job, sid, n, now, notes)
         if a is None:
             continue
-        if a.outcome == "done" and winner is not None and n != winner:
-            a.outcome = "superseded"
-        if a.outcome == "done" and done:
-            a.rows_out = _int(done.get("rows"))
+        if a.outcome == "done" and (done is None or n != done.attempt):
+            a.outcome = "superseded"  # another attempt's output won, or `retry` archived this one
+        if a.outcome == "done" and done is not None:
+            a.rows_out = done.rows
         found.append(a)
     for a, later in itertools.pairwise(found):
         if a.outcome == "lost":  # taken over: the shard was held up until the next attempt began
@@ -152,14 +158,12 @@ def shard_attempts(job: JobDir, sid: str, now: float, notes: list[str]) -> list[
 
 def read_attempt(job: JobDir, sid: str, n: int, now: float, notes: list[str]) -> Attempt | None:
     adir = job.attempt_dir(sid, n)
-    info = read_record(adir / "attempt.json")
-    start = _num(info.get("started_at"))
-    if start is None:
+    info = load_attempt(adir)
+    if info is None or not info.started_at:
         notes.append(f"attempts/{sid}/{attempt_name(n)}/attempt.json missing or unreadable: attempt not shown")
         return None
-    end = _num(info.get("finished_at"))
-    raw = info.get("outcome")
-    outcome = _OUTCOME_OF.get(raw) if isinstance(raw, str) else None
+    start, end = info.started_at, info.finished_at
+    outcome = _OUTCOME_OF.get(info.outcome) if info.outcome else None
     if outcome is None:  # "running" or nothing: alive if its lease is still renewed, else lost
         beat = _lease_mtime(job, sid, n)
         live = beat is not None and now - beat < _lock_timeout(job)
@@ -169,15 +173,15 @@ def read_attempt(job: JobDir, sid: str, n: int, now: float, notes: list[str]) ->
     a = Attempt(
         shard=sid,
         attempt=n,
-        host=str(info.get("host") or "?"),
-        pid=_int(info.get("pid")) or 0,
+        host=info.host or "?",
+        pid=info.pid,
         start=start,
         end=max(end if end is not None else start, start),
         outcome=outcome,
         rows_in=_int(ops.get("rows_in")),
         rows_out=_int(ops.get("rows_out")),
         error_rows=_int(ops.get("error_rows")) or 0,
-        error=first_line(str(info.get("error") or "")),
+        error=first_line(info.error or ""),
         log=f"attempts/{sid}/{attempt_name(n)}/process.log",
         ops=[o for o in ops.get("ops", []) if isinstance(o, dict)] if isinstance(ops.get("ops"), list) else [],
     )

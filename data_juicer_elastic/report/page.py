@@ -136,36 +136,49 @@ def cards(report: JobReport) -> str:
 
 
 def render(report: JobReport) -> str:
+    parts = [*_header(report), *_charts(report), *_tables(report)]
+    if report.notes:
+        parts.append("<h2>Skipped records</h2><ul class='notes'>")
+        parts += [f"<li>{escape(n)}</li>" for n in report.notes]
+        parts.append("</ul>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _header(report: JobReport) -> list[str]:
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(report.generated_at))
-    key = "".join(f'<span><i style="background:{COLOURS[o]}"></i>{o}</span>' for o in OUTCOMES)
-    slow = sorted(report.winners(), key=lambda a: a.seconds, reverse=True)[:10]
-    failures = [a for a in report.attempts if a.outcome in ("failed", "lost", "stopped")]
-    parts = [
+    return [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         f"<title>job report: {escape(report.job_dir)}</title><style>{CSS}</style></head><body>",
         f'<h1>Job report <span class="state state-{escape(report.state)}">{escape(report.state)}</span></h1>',
         f'<div class="meta"><code>{escape(report.job_dir)}</code> &middot; generated {when}</div>',
         cards(report),
+    ]
+
+
+def _charts(report: JobReport) -> list[str]:
+    key = "".join(f'<span><i style="background:{COLOURS[o]}"></i>{o}</span>' for o in OUTCOMES)
+    return [
         "<h2>Timeline: one lane per worker, one bar per attempt</h2>",
         f'<div class="key">{key}</div>',
         timeline(report) if report.attempts else "<p>No attempt has started yet.</p>",
         "<h2>Rows per second</h2>",
         rate_chart(report) if report.winners() else "<p>No shard is done yet.</p>",
+    ]
+
+
+def _tables(report: JobReport) -> list[str]:
+    slow = sorted(report.winners(), key=lambda a: a.seconds, reverse=True)[:10]
+    failures = [a for a in report.attempts if a.outcome in ("failed", "lost", "stopped")]
+    hosts = ["host", "workers", "shards done", "rows in", "rows out", "busy s", "idle s", "failed or lost"]
+    ops = ["#", "op", "kind", "rows in", "rows out", "dropped by the filter", "removed by op errors"]
+    shards = ["shard", "state", "attempts", "input rows", "rows in", "rows out", "op error rows", "host", "seconds"]
+    return [
         "<h2>Hosts</h2>",
-        _table(
-            ["host", "workers", "shards done", "rows in", "rows out", "busy s", "idle s", "failed or lost"],
-            host_rows(report),
-            {1, 2, 3, 4, 5, 6, 7},
-            "hosts",
-        ),
+        _table(hosts, host_rows(report), {1, 2, 3, 4, 5, 6, 7}, "hosts"),
         "<h2>Ops (summed over all done shards)</h2>",
-        _table(
-            ["#", "op", "kind", "rows in", "rows out", "dropped by the filter", "removed by op errors"],
-            op_rows(report),
-            {0, 3, 4, 5, 6},
-            "ops",
-        ),
+        _table(ops, op_rows(report), {0, 3, 4, 5, 6}, "ops"),
         "<h2>Slowest shards</h2>",
         _table(
             ["shard", "seconds", "host", "rows in", "rows out"],
@@ -180,16 +193,5 @@ def render(report: JobReport) -> str:
             "failures",
         ),
         "<h2>Shards</h2>",
-        _table(
-            ["shard", "state", "attempts", "input rows", "rows in", "rows out", "op error rows", "host", "seconds"],
-            shard_rows(report),
-            {2, 3, 4, 5, 6, 8},
-            "shards",
-        ),
+        _table(shards, shard_rows(report), {2, 3, 4, 5, 6, 8}, "shards"),
     ]
-    if report.notes:
-        parts.append("<h2>Skipped records</h2><ul class='notes'>")
-        parts += [f"<li>{escape(n)}</li>" for n in report.notes]
-        parts.append("</ul>")
-    parts.append("</body></html>")
-    return "\n".join(parts)

@@ -35,11 +35,13 @@ class LeaseRefresher:
         *,
         still_ours: Callable[[], bool] = lambda: True,
         log: Callable[[str], None] = _quiet,
+        on_lost: Callable[[], None] | None = None,
     ) -> None:
         self.path = path
         self.interval = interval
         self.still_ours = still_ours
         self.log = log
+        self.on_lost = on_lost  # called once, from the refresher's thread, when the lease is lost
         self.lost = threading.Event()
         self._stop = threading.Event()
         self._content = _content(path)
@@ -70,6 +72,8 @@ class LeaseRefresher:
     def _lose(self, why: str) -> None:
         self.log(f"{self.path}: lease lost ({why}); no longer renewing it")
         self.lost.set()
+        if self.on_lost is not None:
+            self.on_lost()
 
     def __enter__(self) -> LeaseRefresher:
         self._thread.start()

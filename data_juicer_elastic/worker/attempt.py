@@ -3,8 +3,10 @@
 The attempt's folder is made fresh (one already there is refused), the shard
 file is checked against the manifest, the runner writes the output inside
 the folder while the lease is renewed, and the output is re-read before a
-done record is published. A superseded attempt (its lease lost) never
-publishes. A runner's failure fails the attempt, not the worker; an edited
+done record is published. A fenced attempt never publishes: superseded (a
+later attempt took its lease) or beaten to the done record by its backup or
+by the original it backs up (``lost-race``); the heartbeat notices either and
+stops the runner at once (``fencing``). A runner's failure fails the attempt, not the worker; an edited
 shard fails it terminally, since retrying cannot heal it.
 """
 
@@ -19,13 +21,14 @@ from pathlib import Path
 from data_juicer_elastic.errors import ElasticError, IntegrityError
 from data_juicer_elastic.job.claims import ClaimStore, Lease, heartbeat
 from data_juicer_elastic.job.layout import JobDir, Policy, attempt_name
-from data_juicer_elastic.job.records.attempt import AttemptRecord, attempt_file, write_attempt
-from data_juicer_elastic.job.records.done import DoneRecord, publish_done
+from data_juicer_elastic.job.records.attempt import AttemptRecord, attempt_file, load_attempt, write_attempt
+from data_juicer_elastic.job.records.done import DoneRecord, load_done, publish_done
 from data_juicer_elastic.status import OPS_NAME, first_line
 from data_juicer_elastic.storage.blocks import digest_file
 from data_juicer_elastic.storage.files import disk_full_in, read_record
 from data_juicer_elastic.worker.budget import fail_terminally, failure_count
 from data_juicer_elastic.worker.disk_full import NoSpace, give_back, space_for
+from data_juicer_elastic.worker.fencing import Fenced, RunnerStopper
 from data_juicer_elastic.worker.outputs import OutputDigest, inspect_output
 from data_juicer_elastic.worker.runner import Runner
 from data_juicer_elastic.worker.signals import Interrupted
@@ -36,7 +39,7 @@ class ShardMismatch(IntegrityError):
 
 
 class Attempt:
-    """One claimed attempt; ``run()`` returns its outcome (``done``, ``failed``, ``superseded``, ``duplicate``)."""
+    """One claimed attempt; ``run()`` returns its outcome (``done``, ``failed``, ``superseded``, ``lost-race``)."""
 
     def __init__(
         self,
@@ -49,7 +52,9 @@ class Attempt:
         *,
         pace: float | None,
         final: bool,
+        stopper: RunnerStopper | None = None,
     ) -> None:
+        self.stopper = stopper or RunnerStopper()
         self.job, self.store, self.lease, self.runner, self.policy, self.log = job, store, lease, runner, policy, log
         self.adir = job.attempt_dir(lease.shard, lease.attempt)
         self.output = self.adir / "processed.jsonl"
@@ -64,6 +69,8 @@ class Attempt:
             claimed_at=lease.claimed_at,
             pace=pace,
             final=final,
+            backup=lease.backup_of is not None,
+            backup_of=lease.backup_of,
         )
 
     def run(self) -> str:
@@ -79,12 +86,18 @@ class Attempt:
         self._make_folder()
         self._save()
         self.log(f"claimed {self.name}{claim_note(self.job, self.lease.shard, self.lease.attempt)}")
-        beat = heartbeat(self.store, self.lease, self.policy.heartbeat_secs, self.log)
+        beat = heartbeat(self.store, self.lease, self.policy.heartbeat_secs, self.log, on_lost=self._lost_race)
         try:
             with beat:
                 shard = verified_shard(self.job, self.lease.shard)
-                self.runner(str(shard), str(self.output), str(self.job.root))
+                self.stopper.arm()
+                try:
+                    self.runner(str(shard), str(self.output), str(self.job.root))
+                finally:
+                    self.stopper.disarm()
                 digest = inspect_output(self.output)
+        except Fenced:  # the heartbeat found the attempt fenced and stopped the runner
+            return self._fenced()
         except Interrupted:
             self._end("interrupted")
             self.store.release(self.lease)
@@ -95,11 +108,31 @@ class Attempt:
             if full := disk_full_in(exc):
                 raise NoSpace(self.output, full) from exc
             return self._failed(exc)
-        if beat.lost.is_set() or not self.store.is_current(self.lease):
-            self._end("superseded", "lease taken over by a later attempt; output not published")
-            self.log(f"{self.name} superseded; not publishing")
-            return "superseded"
+        if beat.lost.is_set() or not self.store.is_current(self.lease) or self.job.done_path(self.lease.shard).exists():
+            return self._fenced()
         return self._publish(digest)
+
+    def _lost_race(self) -> None:
+        """From the heartbeat's thread: stop the runner if another attempt beside this one published done.
+
+        A superseded attempt's runner is left to finish, as before backups existed; it cannot publish.
+        """
+        if self.store.is_current(self.lease) and self.job.done_path(self.lease.shard).exists():
+            self.stopper.fire()
+
+    def _fenced(self) -> str:
+        """Record why this attempt does not publish; its lease and folder stay as a superseded attempt's."""
+        try:
+            winner = None if not self.store.is_current(self.lease) else load_done(self.job, self.lease.shard)
+        except (ElasticError, OSError):
+            winner = None
+        if winner is not None and winner.attempt != self.lease.attempt:
+            self._save("lost-race", f"attempt {winner.attempt} published done first; output not published")
+            self.log(f"{self.name} lost the race to attempt {winner.attempt}; not publishing")
+            return "lost-race"
+        self._save("superseded", "lease taken over by a later attempt; output not published")
+        self.log(f"{self.name} superseded; not publishing")
+        return "superseded"
 
     def _make_folder(self) -> None:
         """The attempt's own folder, made now: one already there, or one outside the job dir, is refused."""
@@ -126,13 +159,13 @@ class Attempt:
             output=str(self.output.relative_to(self.job.root)),
             started_at=self.record.started_at,
             finished_at=time.time(),
+            backup=self.lease.backup_of is not None,
             **op_totals(self.adir),
         )
         with space_for(self.job.done_path(record.shard)):
             published = publish_done(self.job, record)
         if not published:
-            self._save("duplicate", "another attempt published done first")
-            return "duplicate"
+            return self._fenced()
         self._save("done")
         seconds = (record.finished_at or 0.0) - self.record.started_at
         dropped = f" ({record.error_rows} row(s) removed by op errors; see {self.adir / 'process.log'})"
@@ -149,10 +182,20 @@ class Attempt:
         self._end("failed", error)
         failures = failure_count(self.job, self.lease.shard, self.lease.attempt)
         self.log(f"{self.name} failed ({failures} failure(s)): {first_line(error)}; log: {self.adir / 'process.log'}")
-        if terminal or failures > self.policy.max_retries:
+        if terminal or (failures > self.policy.max_retries and not self._backup_live()):
             fail_terminally(self.job, self.lease.shard, self.lease.attempt, self.store.host, error)
         self.store.release(self.lease)
         return "failed"
+
+    def _backup_live(self) -> bool:
+        """Is this attempt's backup running? Then the shard is not failed yet: the backup may finish it."""
+        sid, backup = self.lease.shard, self.lease.attempt + 1
+        live = self.store.backup_of(sid, backup) == self.lease.attempt and self.store.is_live(
+            sid, backup, self.store.now()
+        )
+        if live:
+            self.log(f"{sid}: past its retry budget, but backup attempt {backup} still runs")
+        return live
 
     def _save(self, outcome: str | None = None, error: str | None = None) -> None:
         """Write the attempt record (ending it with ``outcome``); a full disk stops the worker."""
@@ -196,8 +239,8 @@ def claim_note(job: JobDir, sid: str, attempt: int) -> str:
     """Say when a claim takes over a lost attempt or retries a failed one (the console's story)."""
     if attempt < 2:
         return ""
-    prev = read_record(attempt_file(job.attempt_dir(sid, attempt - 1)))
-    if prev.get("outcome") in (None, "running"):
-        who = f"host={prev.get('host', '?')} pid={prev.get('pid', '?')}"
+    prev = load_attempt(job.attempt_dir(sid, attempt - 1))
+    if prev is None or prev.outcome in (None, "running"):
+        who = f"host={prev.host} pid={prev.pid}" if prev else "a worker that left no record"
         return f" (taking over attempt {attempt_name(attempt - 1)} of {who}: its lease went stale)"
-    return " (retry after a failure)" if prev.get("outcome") == "failed" else ""
+    return " (retry after a failure)" if prev.outcome == "failed" else ""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-from data_juicer_elastic.job.claims import RELEASED_MTIME, lease_name
+from data_juicer_elastic.job.claims import RELEASED_MTIME, lease_backup_of, lease_name
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.records.attempt import counts_as_failure, load_attempt
 from data_juicer_elastic.job.records.failed import FailedRecord, publish_failed
@@ -17,12 +17,15 @@ def failure_count(job: JobDir, shard: str, upto: int) -> int:
 
     An attempt that never recorded an outcome but whose lease was released
     was given up on purpose (the shard was done meanwhile, or the disk was
-    full): that is no failure.
+    full): that is no failure. A backup (speculation) never counts, however it ended.
     """
-    return sum(
-        counts_as_failure(load_attempt(job.attempt_dir(shard, attempt)), _released(job, shard, attempt))
-        for attempt in range(retry_base(job, shard) + 1, upto + 1)
-    )
+    count = 0
+    for attempt in range(retry_base(job, shard) + 1, upto + 1):
+        record = load_attempt(job.attempt_dir(shard, attempt))
+        if (record and record.backup) or lease_backup_of(job, shard, attempt) is not None:
+            continue
+        count += counts_as_failure(record, _released(job, shard, attempt))
+    return count
 
 
 def _released(job: JobDir, shard: str, attempt: int) -> bool:

@@ -8,7 +8,9 @@ per-shard retry budget after which the shard fails terminally and the job
 stops. The parts live beside this module: ``scan`` (which shard next),
 ``attempt`` (one attempt's lifecycle), ``budget`` (the retry budget),
 ``disk_full`` (a full disk stops the worker without counting against the
-shard), ``signals`` (SIGTERM/SIGINT stop the running shard at once).
+shard), ``signals`` (SIGTERM/SIGINT stop the running shard at once),
+``speculation`` (backups of late shards) and ``fencing`` (a fenced attempt's
+runner is stopped).
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ from data_juicer_elastic.job.records.failed import failure_message
 from data_juicer_elastic.storage.files import disk_full_in, no_space_error
 from data_juicer_elastic.storage.host import hostname
 from data_juicer_elastic.worker.attempt import Attempt
+from data_juicer_elastic.worker.fencing import RunnerStopper
 from data_juicer_elastic.worker.pacing import Pace
 from data_juicer_elastic.worker.runner import Runner
 from data_juicer_elastic.worker.scan import ClaimChooser, Scan
 from data_juicer_elastic.worker.signals import Interrupted, signals_raise_interrupted
+from data_juicer_elastic.worker.speculation import Speculation
 
 
 @dataclass
@@ -50,6 +54,7 @@ class Worker:
         max_shards: int | None = None,
         claim_limit: int | None = None,
         stop_when_idle: bool = False,
+        speculation: Speculation | None = None,
         should_stop: Callable[[], bool] | None = None,
         log: Callable[[str], None] = print,
     ) -> None:
@@ -64,7 +69,8 @@ class Worker:
         self.log = log
         self.store = claim_store(self.job, self.host)
         self.pace = Pace()
-        self.chooser = ClaimChooser(self.job, self.store, self.pace, log)
+        self.chooser = ClaimChooser(self.job, self.store, self.pace, log, speculation)
+        self.stopper = RunnerStopper()
         self.claimed = 0
 
     def claim_next(self) -> Scan:
@@ -75,7 +81,15 @@ class Worker:
         """Run one claimed attempt to its outcome; a finished one feeds this worker's pace."""
         t0 = time.monotonic()
         outcome = Attempt(
-            self.job, self.store, lease, self.runner, self.policy, self.log, pace=self.pace.seconds, final=final
+            self.job,
+            self.store,
+            lease,
+            self.runner,
+            self.policy,
+            self.log,
+            pace=self.pace.seconds,
+            final=final,
+            stopper=self.stopper,
         ).run()
         if outcome == "done":
             self.pace.add(time.monotonic() - t0)
@@ -84,7 +98,7 @@ class Worker:
     def run(self) -> WorkerResult:
         result = WorkerResult(exit_code=0)
         self.log(f"worker started on host={self.host} pid={os.getpid()} job_dir={self.job.root}")
-        with signals_raise_interrupted():
+        with signals_raise_interrupted(), self.stopper:
             try:
                 while not self._step(result):
                     pass

@@ -40,6 +40,7 @@ from data_juicer_elastic.job.records.failed import failure_message
 from data_juicer_elastic.storage.files import disk_full_in, no_space_error
 from data_juicer_elastic.worker.attempt import Attempt, ShardMismatch, claim_note, verified_shard
 from data_juicer_elastic.worker.disk_full import NoSpace, give_back
+from data_juicer_elastic.worker.fencing import Fenced
 from data_juicer_elastic.worker.loop import Worker, WorkerResult
 from data_juicer_elastic.worker.outputs import inspect_output
 from data_juicer_elastic.worker.signals import Interrupted, signals_raise_interrupted
@@ -70,10 +71,12 @@ class StagedAttempt(Attempt):
         self.outcome: str | None = None
         self.lock = threading.Lock()
         self.processing = (0.0, 0.0)  # monotonic start and end of the process stage
+        self.running = False  # in the process stage now: only then may a lost race stop the runner
         self._make_folder()
         self._save()
         self.log(f"claimed {self.name}{claim_note(self.job, self.lease.shard, self.lease.attempt)}")
-        self.beat = heartbeat(self.store, self.lease, self.policy.heartbeat_secs, self.log).__enter__()
+        beat = heartbeat(self.store, self.lease, self.policy.heartbeat_secs, self.log, on_lost=self._lost_race)
+        self.beat = beat.__enter__()
         try:
             shard = verified_shard(self.job, self.lease.shard)
         except ShardMismatch as exc:  # retrying cannot heal an edited shard
@@ -84,12 +87,27 @@ class StagedAttempt(Attempt):
         return True
 
     def process(self, stages: Stages) -> Any:
-        """The runner's process stage (main thread); None if the attempt failed."""
+        """The runner's process stage (main thread); None if the attempt ended (failed, fenced)."""
+        if self._beaten():  # another attempt published done while this one waited
+            self.beat.__exit__(None, None, None)
+            self.outcome = self._fenced()
+            return None
         try:
+            loaded = self.loaded.result()
             start = time.monotonic()
-            processed = stages.process(self.loaded.result())
+            self.running = True
+            self.stopper.arm()
+            try:
+                processed = stages.process(loaded)
+            finally:
+                self.stopper.disarm()
+                self.running = False
             self.processing = (start, time.monotonic())
             return processed
+        except Fenced:  # the heartbeat found the attempt fenced and stopped the runner
+            self.beat.__exit__(None, None, None)
+            self.outcome = self._fenced()
+            return None
         except Interrupted:
             raise
         except Exception as exc:  # the runner's failure fails the attempt, not the worker
@@ -113,13 +131,21 @@ class StagedAttempt(Attempt):
         with self.lock:
             if self.outcome is not None:  # abandoned meanwhile (SIGTERM)
                 return self.outcome
-            if self.beat.lost.is_set() or not self.store.is_current(self.lease):
-                self._end("superseded", "lease taken over by a later attempt; output not published")
-                self.log(f"{self.name} superseded; not publishing")
-                self.outcome = "superseded"
+            if self._beaten():
+                self.outcome = self._fenced()
             else:
                 self.outcome = self._publish(digest)
             return self.outcome
+
+    def _beaten(self) -> bool:
+        """Superseded, or another attempt of the shard (a backup, or the one this backs up) published done."""
+        lost = getattr(self, "beat", None) is not None and self.beat.lost.is_set()
+        return lost or not self.store.is_current(self.lease) or self.job.done_path(self.lease.shard).exists()
+
+    def _lost_race(self) -> None:
+        """Stop the runner only if it is running this attempt (another may be processed while this one waits)."""
+        if self.running:
+            super()._lost_race()
 
     def fail(self, exc: Exception, terminal: bool = False) -> str:
         self.beat.__exit__(None, None, None)
@@ -166,7 +192,7 @@ class PrefetchWorker(Worker):
     def run(self) -> WorkerResult:
         result = WorkerResult(exit_code=0)
         self.log(f"worker started on host={self.host} pid={self.store.pid} job_dir={self.job.root}")
-        with signals_raise_interrupted():
+        with signals_raise_interrupted(), self.stopper:
             try:
                 self._loop(result)
             except Interrupted as exc:
@@ -240,7 +266,15 @@ class PrefetchWorker(Worker):
             self.claimed += 1
             final = self._last_claim(len(result.completed) + self._unfinished())
             attempt = StagedAttempt(
-                self.job, self.store, lease, self.runner, self.policy, self.log, pace=self.pace.seconds, final=final
+                self.job,
+                self.store,
+                lease,
+                self.runner,
+                self.policy,
+                self.log,
+                pace=self.pace.seconds,
+                final=final,
+                stopper=self.stopper,
             )
             if not self._open(attempt):
                 continue

@@ -41,9 +41,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from data_juicer_elastic.job.layout import JobDir, Policy  # noqa: E402
+from data_juicer_elastic.job.records.done import DoneRecord, expected_output, publish_done  # noqa: E402
 from data_juicer_elastic.merge import merge  # noqa: E402
 from data_juicer_elastic.prepare.driver import PrepareRequest, prepare  # noqa: E402
-from data_juicer_elastic.storage.files import dumps_json, publish_once  # noqa: E402
 
 med = statistics.median
 
@@ -109,19 +109,19 @@ def identity_done(job: JobDir) -> None:
         out = job.attempt_output(spec.id, 1)
         out.parent.mkdir(parents=True, exist_ok=True)
         os.link(job.shard_file(spec.id), out)
-        record = {
-            "shard": spec.id,
-            "attempt": 1,
-            "host": "bench",
-            "pid": os.getpid(),
-            "rows": spec.rows,
-            "bytes": spec.bytes,
-            "sha256": spec.sha256,
-            "output": f"attempts/{spec.id}/0001/processed.jsonl",
-            "started_at": time.time(),
-            "finished_at": time.time(),
-        }
-        publish_once(job.done_path(spec.id), dumps_json(record))
+        record = DoneRecord(
+            shard=spec.id,
+            attempt=1,
+            host="bench",
+            pid=os.getpid(),
+            rows=spec.rows,
+            bytes=spec.bytes,
+            sha256=spec.sha256,
+            output=expected_output(spec.id, 1),
+            started_at=time.time(),
+            finished_at=time.time(),
+        )
+        publish_done(job, record)
 
 
 def fresh(*paths: Path) -> None:

@@ -1,4 +1,4 @@
-"""Protocol benchmarks B5a, B5b and B6 (not a pytest module: run it directly).
+"""Protocol benchmarks B5a, B5b, B6 and B9 (not a pytest module: run it directly).
 
     . .venv/bin/activate && python tests/benchmarks/bench_protocol.py [--rounds 3]
 
@@ -29,8 +29,25 @@ B6   balance.  4 workers with ``tests.runners:weighted``: worker i sleeps
      Makespan is the wall time from the first spawn until the last worker has
      exited; the figure is makespan / ideal.  Target <= 1.15.
 
+     Each round runs the job with speculation on (``--speculation-min-secs``,
+     default 1 s, as in B9: the target) and off (reported), one after the other,
+     so B6 also checks that backups do not make a balanced run worse.
+
+B9   stragglers.  4 workers with ``tests.runners:per_row`` over a 64-shard job of
+     ``--b9-rows-per-shard`` rows each: every row costs DJE_TEST_ROW_COST = c
+     seconds times the worker's weight.  Weights start at (1, 1, 10, 1); once 32
+     shards are done the last worker's weight becomes 20 (it slows down inside its
+     current shard).  With u = c * rows per shard, the fluid ideal is
+
+         ideal = 32 / (3.1 / u) + 32 / (2.15 / u)
+
+     (75.6 s for the default u = 20 rows * 0.15 s = 3 s).  Each round runs the same job twice, speculation on
+     (``--speculation-min-secs``) and off (``--no-speculation``), side by side in
+     time; the figure is makespan / ideal.  Target on <= 1.10; off is reported.
+
 Each benchmark runs ``--rounds`` rounds (default 3) and reports the median.
 Workers use short leases (heartbeat 0.5 s, lock timeout 3 s, poll 0.05 s).
+Exit code 1 when a target is missed.
 """
 
 from __future__ import annotations
@@ -56,12 +73,17 @@ FAST = {"heartbeat_secs": 0.5, "lock_timeout_secs": 3.0, "poll_interval_secs": 0
 
 
 def run_workers(
-    job, n: int, runner: str, envs: list[dict[str, str]] | None = None, timeout: float = 600.0
+    job,
+    n: int,
+    runner: str,
+    envs: list[dict[str, str]] | None = None,
+    timeout: float = 600.0,
+    extra: tuple[str, ...] = (),
 ) -> tuple[float, list[int]]:
-    """Spawn ``n`` workers; seconds until all have exited, and their exit codes."""
+    """Spawn ``n`` workers (``extra`` on their command lines); seconds until all have exited, and their exit codes."""
     envs = envs or [{} for _ in range(n)]
     t0 = time.perf_counter()
-    procs = [spawn_worker(job, runner, **envs[i]) for i in range(n)]
+    procs = [spawn_worker(job, runner, *extra, **envs[i]) for i in range(n)]
     deadline = t0 + timeout
     for p in procs:
         try:
@@ -134,33 +156,86 @@ def bench_b5b(tmp: Path, rounds: int, shards: int, workers: int, run_secs: float
     return times, {"done": done, "attempted": attempted}
 
 
-def bench_b6(tmp: Path, rounds: int, shards: int, unit: float, weights: tuple[float, ...]) -> list[float]:
+def bench_b6(
+    tmp: Path, rounds: int, shards: int, unit: float, weights: tuple[float, ...], min_secs: float
+) -> dict[str, list[float]]:
+    """Speculation on (the target) and off (reported), one after the other in each round."""
     ideal = shards / sum(1 / (unit * w) for w in weights)
-    ratios = []
+    ratios: dict[str, list[float]] = {"on": [], "off": []}
     for r in range(rounds):
-        job = make_job(tmp / f"b6-{r}", rows=shards, shards=shards, **FAST)
-        envs = [{"DJE_TEST_UNIT": str(unit), "DJE_TEST_WEIGHT": str(w)} for w in weights]
-        makespan, codes = run_workers(job, len(weights), "weighted", envs)
-        check_all_done(job)
-        ratios.append(makespan / ideal)
-        print(
-            f"B6 round {r + 1}: makespan {makespan:.2f} s, ideal {ideal:.2f} s, "
-            f"ratio {makespan / ideal:.3f}, exit codes {sorted(set(codes))}",
-            flush=True,
-        )
+        for mode, extra in speculation_modes(min_secs).items():
+            job = make_job(tmp / f"b6-{r}-{mode}", rows=shards, shards=shards, **FAST)
+            envs = [
+                {"DJE_TEST_UNIT": str(unit), "DJE_TEST_WEIGHT": str(w), "DJ_ELASTIC_HOSTNAME": f"b6-node-{i}"}
+                for i, w in enumerate(weights)
+            ]
+            makespan, codes = run_workers(job, len(weights), "weighted", envs, extra=extra)
+            check_all_done(job)
+            ratios[mode].append(makespan / ideal)
+            print(
+                f"B6 round {r + 1} speculation {mode}: makespan {makespan:.2f} s, ideal {ideal:.2f} s, "
+                f"ratio {makespan / ideal:.3f}, shards won by a backup {backups_won(job)}, "
+                f"exit codes {sorted(set(codes))}",
+                flush=True,
+            )
+    return ratios
+
+
+def speculation_modes(min_secs: float) -> dict[str, tuple[str, ...]]:
+    return {"on": ("--speculation-min-secs", str(min_secs)), "off": ("--no-speculation",)}
+
+
+def backups_won(job) -> int:
+    return sum(
+        1
+        for n in os.listdir(job.done_dir)
+        if n.endswith(".json") and json.loads((job.done_dir / n).read_bytes()).get("backup") is True
+    )
+
+
+def b9_ideal(shards: int, u: float, before: tuple[float, ...], after: tuple[float, ...], at: int) -> float:
+    """Fluid makespan: every worker works all the time at its speed, fractions of shards allowed."""
+    return at / sum(1 / (u * w) for w in before) + (shards - at) / sum(1 / (u * w) for w in after)
+
+
+def bench_b9(tmp: Path, rounds: int, rows_per_shard: int, row_cost: float, min_secs: float) -> dict[str, list[float]]:
+    shards, at = 64, 32
+    before, after = (1.0, 1.0, 10.0, 1.0), (1.0, 1.0, 10.0, 20.0)
+    ideal = b9_ideal(shards, row_cost * rows_per_shard, before, after, at)
+    ratios: dict[str, list[float]] = {"on": [], "off": []}
+    for r in range(rounds):
+        for mode, extra in speculation_modes(min_secs).items():
+            job = make_job(tmp / f"b9-{r}-{mode}", rows=shards * rows_per_shard, shards=shards, **FAST)
+            envs = [
+                {"DJE_TEST_ROW_COST": str(row_cost), "DJE_TEST_WEIGHT": str(w), "DJ_ELASTIC_HOSTNAME": f"b9-node-{i}"}
+                for i, w in enumerate(before)
+            ]
+            envs[3].update(DJE_TEST_WEIGHT_LATER=str(after[3]), DJE_TEST_SLOW_AT=str(at))
+            makespan, codes = run_workers(job, len(before), "per_row", envs, extra=extra)
+            check_all_done(job)
+            backups = backups_won(job)
+            ratios[mode].append(makespan / ideal)
+            print(
+                f"B9 round {r + 1} speculation {mode}: makespan {makespan:.2f} s, ideal {ideal:.2f} s, "
+                f"ratio {makespan / ideal:.3f}, shards won by a backup {backups}, exit codes {sorted(set(codes))}",
+                flush=True,
+            )
     return ratios
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--only", nargs="+", choices=["B5a", "B5b", "B6"], default=["B5a", "B5b", "B6"])
+    ap.add_argument("--only", nargs="+", choices=["B5a", "B5b", "B6", "B9"], default=["B5a", "B5b", "B6", "B9"])
     ap.add_argument("--b5a-shards", type=int, default=2000)
     ap.add_argument("--b5a-workers", type=int, default=32)
     ap.add_argument("--b5b-shards", type=int, default=10000)
     ap.add_argument("--b5b-run-secs", type=float, default=30.0)
     ap.add_argument("--b6-unit", type=float, default=0.6)
     ap.add_argument("--b6-shards", type=int, default=64)
+    ap.add_argument("--b9-rows-per-shard", type=int, default=20)
+    ap.add_argument("--b9-row-cost", type=float, default=0.15, help="seconds per row at weight 1")
+    ap.add_argument("--speculation-min-secs", type=float, default=1.0, help="B6 and B9 workers (speculation on)")
     a = ap.parse_args()
     weights = (4.0, 4.0, 2.0, 1.0)
     rows = []
@@ -191,16 +266,17 @@ def main() -> int:
                 )
             )
         if "B6" in a.only:
-            ratio = statistics.median(bench_b6(tmp, a.rounds, a.b6_shards, a.b6_unit, weights))
-            rows.append(
-                (
-                    "B6",
-                    f"makespan / ideal, 4 workers at speed 1/4:1/4:1/2:1, {a.b6_shards} shards",
-                    f"{ratio:.3f}",
-                    "<= 1.15",
-                    ratio <= 1.15,
-                )
-            )
+            b6 = bench_b6(tmp, a.rounds, a.b6_shards, a.b6_unit, weights, a.speculation_min_secs)
+            on, off = statistics.median(b6["on"]), statistics.median(b6["off"])
+            what = f"makespan / ideal, 4 workers at speed 1/4:1/4:1/2:1, {a.b6_shards} shards"
+            rows.append(("B6", what + ", speculation on", f"{on:.3f}", "<= 1.15", on <= 1.15))
+            rows.append(("B6", what + ", speculation off", f"{off:.3f}", "reported", True))
+        if "B9" in a.only:
+            b9 = bench_b9(tmp, a.rounds, a.b9_rows_per_shard, a.b9_row_cost, a.speculation_min_secs)
+            on, off = statistics.median(b9["on"]), statistics.median(b9["off"])
+            what = "makespan / ideal, 4 workers over 64 shards, one 10x slower, one 20x slower from half way"
+            rows.append(("B9", what + ", speculation on", f"{on:.3f}", "<= 1.10", on <= 1.10))
+            rows.append(("B9", what + ", speculation off", f"{off:.3f}", "reported", True))
     print(f"\ntotal run time {time.perf_counter() - t_start:.0f} s, rounds {a.rounds}\n")
     print("| id | measures | median | target |")
     print("|---|---|---|---|")

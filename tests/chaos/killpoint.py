@@ -71,12 +71,12 @@ def main(argv: list[str] | None = None) -> int:
         if a.point == "copy":
             copy_one, half, copied = merge_mod._copy_one, len(job.manifest().shards) // 2, []
 
-            def copy_then_die(record, writer, *args):
+            def copy_then_die(done, writer, *args):
                 if len(copied) == half:
                     writer._wait()  # the buffers already handed off reach the temp file
                     _die()
-                copied.append(record.shard)
-                return copy_one(record, writer, *args)
+                copied.append(done)
+                return copy_one(done, writer, *args)
 
             merge_mod._copy_one = copy_then_die
         else:

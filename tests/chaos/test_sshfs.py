@@ -29,6 +29,7 @@ from ..jobs import (
     last_heartbeat,
     merge_and_check,
     spawn_worker,
+    started_shard,
     takeover_delay,
     wait_for,
     write_corpus,
@@ -200,3 +201,23 @@ def test_stalled_worker_on_one_mount_cannot_publish_after_takeover_from_the_othe
         kill_group(stalled)
     assert attempt_outcomes(job_a)[sid] == ["superseded", "done"]
     assert check_done_exactly_once(job_a) == {sid: 2}
+
+
+@pytest.mark.timeout(180)
+def test_backup_on_the_other_mount_wins_and_the_slow_original_cannot_publish(sshfs_pair, tmp_path):
+    job_a, job_b = _job(sshfs_pair, tmp_path, rows=40, shards=4)
+    eager = ("--speculation-min-secs", "0.5", "--speculation-quantile", "0.5", "--speculation-multiplier", "3")
+    env = {"DJE_TEST_SLOW_HOSTS": "node-a", "DJE_TEST_UNTIL_DONE": "1"}
+    slow = spawn_worker(job_a, "straggler", *eager, DJ_ELASTIC_HOSTNAME="node-a", **env)
+    fast = None
+    try:
+        sid = started_shard(job_a)
+        fast = spawn_worker(job_b, "straggler", *eager, DJ_ELASTIC_HOSTNAME="node-b", **env)
+        assert [p.wait(timeout=120) for p in (fast, slow)] == [0, 0]
+    finally:
+        for p in (slow, fast):
+            if p is not None:
+                kill_group(p)
+    assert attempt_outcomes(job_b)[sid] == ["lost-race", "done"]
+    assert check_done_exactly_once(job_a)[sid] == 2
+    merge_and_check(job_b, tmp_path / "merged.jsonl")

@@ -20,8 +20,9 @@ from data_juicer_elastic.storage.files import atomic_write, dumps_json
 
 ATTEMPT_FILE = "attempt.json"
 # Outcomes of an attempt that do not count against the retry budget: the
-# worker was told to stop, it stalled and someone else took the shard, or the disk was full.
-NOT_FAILURES = ("interrupted", "superseded", "done", "duplicate", "no-space")
+# worker was told to stop, it stalled and someone else took the shard, its
+# backup (or the original it backed up) finished first, or the disk was full.
+NOT_FAILURES = ("interrupted", "superseded", "done", "duplicate", "lost-race", "no-space")
 
 
 @dataclass
@@ -35,6 +36,8 @@ class AttemptRecord:
     claimed_at: float  # the lease file's mtime when it was made (the shared clock); 0 if unknown
     pace: float | None  # the worker's median seconds per finished shard so far
     final: bool  # the worker's limits let it claim nothing after this attempt
+    backup: bool = False  # a backup of a late live attempt (speculation)
+    backup_of: int | None = None  # the attempt it backs up
     outcome: str | None = "running"  # None: read from a record that names none
     finished_at: float | None = None
     error: str | None = None
@@ -78,6 +81,8 @@ def load_attempt(attempt_dir: Path) -> AttemptRecord | None:
         claimed_at=number_or_none(raw.get("claimed_at")) or 0.0,
         pace=number_or_none(raw.get("pace")),
         final=bool(raw.get("final")),
+        backup=raw.get("backup") is True,
+        backup_of=raw.get("backup_of") if type(raw.get("backup_of")) is int else None,
         outcome=outcome if isinstance(outcome, str) else None,
         finished_at=number_or_none(raw.get("finished_at")),
         error=error if isinstance(error, str) else None,

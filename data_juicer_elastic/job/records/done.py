@@ -34,6 +34,7 @@ class DoneRecord:
     pid: int = 0
     started_at: float | None = None
     finished_at: float | None = None
+    backup: bool = False  # the winning attempt was a backup (speculation)
     rows_in: int | None = None  # from the runner's ops.json, when it left one
     error_rows: int = 0  # rows the ops removed by raising (skip_op_error), from ops.json
 
@@ -118,6 +119,7 @@ def _checked(job: JobDir, shard: str, raw: Any, path: Path) -> DoneRecord:
         int_or(raw.get("pid")),
         number_or_none(raw.get("started_at")),
         number_or_none(raw.get("finished_at")),
+        raw.get("backup") is True,
         raw["rows_in"] if type(raw.get("rows_in")) is int else None,
         int_or(raw.get("error_rows")),
     )
