@@ -230,7 +230,7 @@ class RayShardRunner:
         self.log_level = log_level
         self._jobs: dict[str, _Job] = {}
         self._started_ray = False
-        self.timings: list[dict[str, float]] = []  # per attempt: load / run / join seconds, start / end
+        self.timings: list[dict[str, float]] = []  # per attempt: setup / load / run / join seconds, start / end
 
     def __call__(self, shard_path: str, output_path: str, job_dir: str) -> None:
         self.run(shard_path, output_path, job_dir)
@@ -279,8 +279,9 @@ class RayShardRunner:
         base = self.prepare_job(key)
         configure_ray_data()
         cfg = attempt_config(base, os.path.abspath(shard_path), str(Path(output_path).parent))
+        t1 = time.perf_counter()
         attempt = ShardAttempt(self._jobs[key], cfg, Path(output_path), read_shard(cfg))
-        attempt.seconds["load"] = time.perf_counter() - t0
+        attempt.seconds.update(setup=t1 - t0, load=time.perf_counter() - t1)
         return attempt
 
     def process(self, attempt: ShardAttempt) -> ShardAttempt:
