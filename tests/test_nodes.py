@@ -58,9 +58,11 @@ def test_nodes_killed_at_ray_start_up_and_mid_shard_lose_nothing(tmp_path, refer
         wait_until(lambda: nodes.claim_loop_elected("node-c"), "node-c's claim-loop election")
         assert not nodes.leases_of("node-c"), "node-c claimed before the test could kill it at Ray start-up"
         c.signal(signal.SIGKILL)
-        # mid-shard: A's Ray worker is inside the gate, in A's first shard
+        # mid-shard: A's Ray worker is inside the gate, in A's first shard, and B, done with every other
+        # shard, is idle: it takes A's shard over as soon as the lease lets it, which the bound below checks
         wait_until(lambda: (a.gate / "entered").exists(), "node-a to enter the gate inside a shard")
         [(shard, attempt)] = nodes.leases_of("node-a")
+        wait_until(lambda: len(nodes.done_records()) == 5, "node-b to finish every shard but node-a's")
         a.signal(signal.SIGKILL)
         assert a.wait() == -signal.SIGKILL and c.wait() == -signal.SIGKILL
         last_beat = nodes.job.claims_dir.joinpath(f"{shard}@{attempt:04d}").stat().st_mtime
@@ -87,8 +89,9 @@ def test_stopped_nodes_resume_without_publishing_stale_work(tmp_path, reference)
         wait_until(lambda: "this process waits for the job result" in w.tail(), "node-b's second process to wait")
         w.signal(signal.SIGSTOP)  # waiting, and stopped until the job is finalized
         wait_until(lambda: (a.gate / "entered").exists(), "node-a to enter the gate inside a shard")
-        a.signal(signal.SIGSTOP)
         [(shard, attempt)] = nodes.leases_of("node-a")
+        wait_until(lambda: len(nodes.done_records()) == 5, "node-b to finish every shard but node-a's")
+        a.signal(signal.SIGSTOP)  # B is idle now: it takes the shard over as soon as the lease lets it
         last_beat = nodes.job.claims_dir.joinpath(f"{shard}@{attempt:04d}").stat().st_mtime
         wait_until(lambda: shard in nodes.done_records(), f"node-b to take over and finish {shard}", timeout=600)
         (a.gate / "open").touch()

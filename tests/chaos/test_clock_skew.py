@@ -63,7 +63,8 @@ def test_what_libfaketime_fakes(tmp_path):
         timeout=60,
         check=True,
     ).stdout.split()
-    assert [int(x) for x in out] == [3600, 3600]  # wall clock +1h; utime(NULL) stamps +1h; stat is real
+    # wall clock +1h; utime(NULL) stamps +1h; stat is real (within the seconds a loaded machine takes to start)
+    assert all(3600 <= int(x) < 3660 for x in out), out
     assert abs(os.stat(probe).st_mtime - time.time() - 3600) < 60
 
 
