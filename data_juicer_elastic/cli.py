@@ -48,6 +48,9 @@ def _worker_args(p: ArgumentParser) -> None:
     p.add_argument("--allow-version-mismatch", action="store_true")
     p.add_argument("--ray-address", default=None, help="override the manifest's node-local Ray address")
     p.add_argument("--stop-when-idle", action="store_true", help="exit 1 instead of waiting on others' leases")
+    p.add_argument(
+        "--prefetch-shards", type=int, default=1, help="shards claimed and read in ahead of the one running (0: none)"
+    )
     p.add_argument("--no-speculation", action="store_true", help="never back up another host's late shard")
     p.add_argument("--speculation-quantile", type=float, default=Speculation.quantile)
     p.add_argument("--speculation-multiplier", type=float, default=Speculation.multiplier)
@@ -157,8 +160,15 @@ def cmd_worker(a: Namespace) -> int:
         not a.no_speculation, a.speculation_quantile, a.speculation_multiplier, a.speculation_min_secs
     )
     speculation.check()
+    if a.prefetch_shards < 0:
+        raise UserError(f"--prefetch-shards must be 0 or more, got {a.prefetch_shards}")
     result = run_worker(
-        job.gen_dir, runner, max_shards=a.max_shards, stop_when_idle=a.stop_when_idle, speculation=speculation
+        job.gen_dir,
+        runner,
+        max_shards=a.max_shards,
+        stop_when_idle=a.stop_when_idle,
+        speculation=speculation,
+        prefetch=a.prefetch_shards,
     )
     print(f"worker exit {result.exit_code}: {result.message}", file=sys.stderr if result.exit_code else sys.stdout)
     return result.exit_code

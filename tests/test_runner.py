@@ -13,7 +13,7 @@ from jsonargparse import Namespace
 
 from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.job.layout import JobDir, Policy
-from data_juicer_elastic.plugin import runner as runner_module
+from data_juicer_elastic.plugin import shard_io
 from data_juicer_elastic.plugin.runner import RayShardRunner, attempt_config, join_parts
 from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
 
@@ -84,8 +84,8 @@ def test_shards_keep_row_order_and_write_only_inside_the_attempt(runner, tmp_pat
     # tiny blocks, so each shard is written as several part files the join must order
     monkeypatch.setattr(DataContext.get_current(), "target_max_block_size", 4096)
     parts_seen = []
-    real_part_files = runner_module.part_files
-    monkeypatch.setattr(runner_module, "part_files", lambda d: parts_seen.append(real_part_files(d)) or parts_seen[-1])
+    real_part_files = shard_io.part_files
+    monkeypatch.setattr(shard_io, "part_files", lambda d: parts_seen.append(real_part_files(d)) or parts_seen[-1])
     for shard, source in (("part-a", rows(0, 300)), ("part-b", rows(300, 150))):
         shard_path, output = attempt(job, shard)
         runner(shard_path, output, str(job))
@@ -96,7 +96,7 @@ def test_shards_keep_row_order_and_write_only_inside_the_attempt(runner, tmp_pat
         assert all(r["__dj__stats__"]["text_len"] == len(r["text"]) for r in got)
         assert all(r.get("score") == s.get("score") for r, s in zip(got, expected, strict=True))  # 4 == 4.0 holds
         adir = Path(output).parent
-        assert sorted(p.name for p in adir.iterdir()) == ["process.log", "processed.jsonl", "work"]
+        assert sorted(p.name for p in adir.iterdir()) == ["ops.json", "process.log", "processed.jsonl", "work"]
         log = (adir / "process.log").read_text()
         assert "ray_executor" in log and f"{shard}.jsonl" in log
     assert all(len(parts) > 1 for parts in parts_seen), [len(p) for p in parts_seen]

@@ -40,8 +40,18 @@ def info(job: JobDir, sid: str, attempt: int) -> dict:
 
 
 def worker(job: JobDir, host: str, *extra: str, **env: str):
+    # One shard held per host at a time (no prefetch): these tests count on the slow host holding only
+    # the shard it runs. tests/test_prefetch.py covers prefetching workers.
     return spawn_worker(
-        job, "straggler", *EAGER, *extra, log=job.root.parent / f"{host}.log", DJ_ELASTIC_HOSTNAME=host, **env
+        job,
+        "straggler",
+        *EAGER,
+        "--prefetch-shards",
+        "0",
+        *extra,
+        log=job.root.parent / f"{host}.log",
+        DJ_ELASTIC_HOSTNAME=host,
+        **env,
     )
 
 

@@ -48,6 +48,7 @@ class JobSpec:
     nodes: int | None = None
     require_all_nodes: bool = False
     max_shards: int | None = None
+    prefetch_shards: int = 1
     wait_timeout_secs: float | None = 3600.0
     poll_interval_secs: float = Policy.poll_interval_secs
     allow_version_mismatch: bool = False
@@ -61,6 +62,8 @@ class JobSpec:
             raise UserError("elastic_shard.require_all_nodes needs elastic_shard.nodes (how many nodes must take part)")
         if self.max_shards is not None and self.max_shards < 1:
             raise UserError(f"elastic_shard.max_shards must be at least 1, got {self.max_shards}")
+        if self.prefetch_shards < 0:
+            raise UserError(f"elastic_shard.prefetch_shards must be 0 or more, got {self.prefetch_shards}")
         if (self.wait_timeout_secs is not None and self.wait_timeout_secs <= 0) or self.poll_interval_secs <= 0:
             raise UserError("elastic_shard.wait_timeout_secs and poll_interval_secs must be positive")
         self.speculation.check()

@@ -75,6 +75,7 @@ class AfterPrepare:
                 runner,
                 host=self.host,
                 max_shards=self.shard_quota(),
+                prefetch=self.spec.prefetch_shards,
                 speculation=self.spec.speculation,
                 should_stop=lambda: self.run.aborted() is not None,
                 log=self.log,

@@ -99,6 +99,7 @@ def job_spec(cfg: Any, recipe_text: str) -> JobSpec:
         nodes=settings.nodes,
         require_all_nodes=settings.require_all_nodes,
         max_shards=settings.max_shards,
+        prefetch_shards=settings.prefetch_shards,
         wait_timeout_secs=settings.wait_timeout_secs,
         poll_interval_secs=settings.poll_interval_secs,
         allow_version_mismatch=settings.allow_version_mismatch,

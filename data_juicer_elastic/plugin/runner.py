@@ -19,12 +19,11 @@ from __future__ import annotations
 import copy
 import hashlib
 import os
-import re
 import shutil
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +33,9 @@ from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.plugin import opcounts
 from data_juicer_elastic.plugin.console import attempt_log, quiet_ray_console, route_ray_worker_logs
-from data_juicer_elastic.plugin.shard_errors import arrow_read_options, classify, read_options_for
-from data_juicer_elastic.storage.blocks import Digester, blocks
+from data_juicer_elastic.plugin.shard_errors import arrow_read_options, classify
+from data_juicer_elastic.plugin.shard_io import ShardLoader, join_parts, read_shard, remove
+from data_juicer_elastic.plugin.warm_ops import WarmOps
 from data_juicer_elastic.worker.signals import reassert
 
 RECIPE_NAME = "recipe.yaml"
@@ -44,7 +44,6 @@ EXPORT_NAME = "export.jsonl"  # Ray's folder of part files inside the attempt di
 WORK_NAME = "work"  # Data-Juicer's work dir inside the attempt dir
 LOCAL = "local"
 BUDGET_ENV = "DJ_ELASTIC_RAY_BUDGET_BACKPRESSURE"
-_PART_RE = re.compile(r"^(?P<prefix>.+)_(?P<task>\d{6,})\.json$")
 _DERIVED_DIRS = {
     "event_log_dir": "logs",
     "checkpoint_dir": "checkpoints",
@@ -187,102 +186,31 @@ def attempt_config(base: Any, shard_path: str, attempt_dir: str) -> Any:
     return cfg
 
 
-# --------------------------------------------------------------------------- input
-class ShardLoader:
-    """Stands in for RayExecutor's DatasetBuilder: the shard is read once, into Ray's object store.
-
-    For a shard (one local JSONL file; ``dataset:`` configs are refused at
-    parse time, so there are no validators or mixtures) Data-Juicer's builder
-    comes down to the same ``RayDataset.read`` and ``RayDataset(...)`` calls
-    made here. Left lazy, that dataset is read three times per run (a
-    one-row schema probe, the input row count, the processing) and the probe
-    cancels its read task part-way, which makes Ray kill the worker process
-    that ran it: the next task then waits 1-3 s for a fresh worker to import
-    Data-Juicer. Read once and materialised, schema and count are metadata
-    and no task is cancelled. The object store already holds the whole
-    processed shard, since RayExecutor materialises it before export.
-    """
-
-    executor_type = "ray"  # read by RayExecutor.run
-
-    def __init__(self, cfg: Any, count_sink: str | None = None) -> None:
-        self.cfg = cfg
-        self.count_sink = count_sink  # see opcounts: per-op row counts land there
-        self.dataset: Any = None
-        self.rows_in = 0
-
-    def load_dataset(self, **_: Any) -> Any:
-        from data_juicer.core.data.ray_dataset import RayDataset
-
-        from data_juicer_elastic.plugin.opcounts import counting_dataset_class
-
-        read_kwargs: dict[str, Any] = {"override_num_blocks": getattr(self.cfg, "override_num_blocks", None)}
-        options = read_options_for(self.cfg.dataset_path, getattr(self.cfg, "read_options", None))
-        if options:
-            read_kwargs["read_options"] = options
-        data = RayDataset.read("json", self.cfg.dataset_path, **read_kwargs).materialize()
-        self.rows_in = data.count()  # metadata of a materialised dataset: no pass over the rows
-        self.dataset = counting_dataset_class()(data, dataset_path=self.cfg.dataset_path, cfg=self.cfg)
-        self.dataset.count_sink, self.dataset.op_names = self.count_sink, []
-        return self.dataset
-
-
-# --------------------------------------------------------------------------- output
-def part_files(export_dir: Path) -> list[Path]:
-    """Ray's part files in write-task order; refuses names it does not recognise."""
-    parts: list[tuple[int, Path]] = []
-    prefixes = set()
-    for entry in export_dir.iterdir():
-        if entry.name.startswith("."):
-            continue
-        m = _PART_RE.match(entry.name)
-        if not m or not entry.is_file():
-            raise IntegrityError(f"{entry}: unexpected file in Ray's export folder; cannot order the output")
-        prefixes.add(m.group("prefix"))
-        parts.append((int(m.group("task")), entry))
-    if len(prefixes) > 1:
-        raise IntegrityError(f"{export_dir}: part files of {len(prefixes)} different writes; cannot order them")
-    return [p for _, p in sorted(parts)]
-
-
-def join_parts(export_path: Path, output_path: Path) -> int:
-    """Concatenate the part files into ``output_path``; returns the number of rows written.
-
-    Fails closed: an export that is missing, or neither a folder nor Data-Juicer's
-    empty-dataset file, fails the attempt rather than publishing an empty output.
-    """
-    if not export_path.is_dir() and (not export_path.is_file() or export_path.stat().st_size):
-        what = "is missing" if not export_path.exists() else "is neither Ray's export folder nor an empty file"
-        raise IntegrityError(f"{export_path}: the attempt's export {what}; the shard's output cannot be trusted")
-    rows = 0
-    with open(output_path, "wb") as out:
-        for part in part_files(export_path) if export_path.is_dir() else ():
-            counted = Digester(sha256=False)
-            for block in blocks(part):
-                out.write(block)
-                counted.update(block)
-            rows += counted.rows
-            if not counted.result().ends_with_newline:
-                out.write(b"\n")
-                rows += 1
-        out.flush()
-        os.fsync(out.fileno())
-    return rows
-
-
-def remove(path: Path) -> None:
-    """Drop Ray's part files once joined (the attempt would otherwise hold the output twice)."""
-    if path.is_dir():
-        shutil.rmtree(path)
-    else:
-        path.unlink(missing_ok=True)
-
-
 # --------------------------------------------------------------------------- runner
 @dataclass
 class _Job:
+    root: str  # the job (generation) directory
     cfg: Any  # the parsed recipe, shared by all attempts of this job
     recipe_sha256: str
+    warm: WarmOps  # the actors of its actor-mode ops, kept from shard to shard
+
+
+@dataclass
+class ShardAttempt:
+    """One attempt between its stages."""
+
+    job: _Job
+    cfg: Any  # the attempt's copy of the recipe
+    output: Path
+    data: Any  # the shard in Ray's object store, until processed
+    expected: int | None = None  # rows Ray reported
+    started: float = 0.0  # perf_counter at the start and end of processing
+    ended: float = 0.0
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def dir(self) -> Path:
+        return self.output.parent
 
 
 class RayShardRunner:
@@ -300,7 +228,7 @@ class RayShardRunner:
         self.log_level = log_level
         self._jobs: dict[str, _Job] = {}
         self._started_ray = False
-        self.timings: list[dict[str, float]] = []  # per attempt: setup / run / join seconds
+        self.timings: list[dict[str, float]] = []  # per attempt: setup / load / run / join seconds, start / end
 
     def __call__(self, shard_path: str, output_path: str, job_dir: str) -> None:
         self.run(shard_path, output_path, job_dir)
@@ -332,61 +260,88 @@ class RayShardRunner:
         load_custom_operators_once(operator_paths)
         cfg = parse_recipe(recipe, str(Path(key, RECIPE_NAME)))
         cfg.custom_operator_paths = operator_paths or None
-        self._jobs[key] = _Job(cfg, sha)
+        self._jobs[key] = _Job(key, cfg, sha, WarmOps())
         return cfg
 
     def run(self, shard_path: str, output_path: str, job_dir: str) -> None:
+        """The whole attempt in this thread: load, process, finish."""
+        self.finish(self.process(self.load(shard_path, output_path, job_dir)))
+
+    # The three stages of an attempt; the worker may overlap one attempt's load and
+    # finish with another's process (worker/prefetch.py). Only ``process`` plans
+    # and runs Data-Juicer's ops; ``load`` and ``finish`` are safe in another thread.
+    def load(self, shard_path: str, output_path: str, job_dir: str) -> ShardAttempt:
+        """Parse the job once, then read the shard into Ray's object store."""
         t0 = time.perf_counter()
-        base = self.prepare_job(job_dir)
-        attempt_dir = Path(output_path).parent
-        with attempt_log(attempt_dir / LOG_NAME, self.log_level):
+        key = os.path.abspath(job_dir)
+        base = self.prepare_job(key)
+        configure_ray_data()
+        cfg = attempt_config(base, os.path.abspath(shard_path), str(Path(output_path).parent))
+        t1 = time.perf_counter()
+        attempt = ShardAttempt(self._jobs[key], cfg, Path(output_path), read_shard(cfg))
+        attempt.seconds.update(setup=t1 - t0, load=time.perf_counter() - t1)
+        return attempt
+
+    def process(self, attempt: ShardAttempt) -> ShardAttempt:
+        """Data-Juicer's RayExecutor on the loaded shard, actor-mode ops on the job's warm actors."""
+        with attempt_log(attempt.dir / LOG_NAME, self.log_level):
             from loguru import logger
 
+            attempt.started = time.perf_counter()
             try:
-                rows, t1, t2 = self._run_attempt(base, shard_path, output_path)
+                attempt.expected = self._execute(attempt)
             except Exception as exc:
-                logger.error(f"shard {Path(shard_path).name} failed: {type(exc).__name__}: {exc}")
-                error = classify(exc, shard_path, job_dir, arrow_read_options(base, shard_path))
+                logger.error(f"shard {Path(attempt.cfg.dataset_path).name} failed: {type(exc).__name__}: {exc}")
+                shard = attempt.cfg.dataset_path
+                error = classify(exc, shard, attempt.job.root, arrow_read_options(attempt.job.cfg, shard))
                 if error is exc:
                     raise
                 logger.error(f"{error} (the same error would recur on every attempt: the shard fails now)")
                 raise error from exc
-            t3 = time.perf_counter()
-            self.timings.append({"setup": t1 - t0, "run": t2 - t1, "join": t3 - t2, "rows": rows})
-            logger.info(
-                f"shard {Path(shard_path).name}: {rows} rows in {t3 - t0:.2f}s "
-                f"(setup {t1 - t0:.2f}s, Data-Juicer {t2 - t1:.2f}s, join {t3 - t2:.2f}s)"
-            )
+            finally:
+                attempt.data = None  # the object store may drop the shard now
+                attempt.ended = time.perf_counter()
+        return attempt
 
-    def _run_attempt(self, base: Any, shard_path: str, output_path: str) -> tuple[int, float, float]:
-        """RayExecutor on the attempt's config, then the ordered join; returns rows and two timestamps."""
+    def _execute(self, attempt: ShardAttempt) -> int | None:
+        """RayExecutor.run on the attempt's config; the rows Ray reports."""
         from data_juicer.core.executor.ray_executor import RayExecutor
 
-        attempt_dir = Path(output_path).parent
-        export_path = attempt_dir / EXPORT_NAME
-        configure_ray_data()
-        cfg = attempt_config(base, os.path.abspath(shard_path), str(attempt_dir))
-        t1 = time.perf_counter()
-        executor = RayExecutor(cfg)
+        executor = RayExecutor(attempt.cfg)
         sink = opcounts.new_sink() if opcounts.enabled() else None
         try:
-            executor.datasetbuilder = loader = ShardLoader(executor.cfg, sink)
-            dataset = executor.run()
+            executor.datasetbuilder = loader = ShardLoader(executor.cfg, sink, attempt.data)
+            with attempt.job.warm.active(attempt.cfg.work_dir):
+                dataset = executor.run()
             if sink:
-                opcounts.collect(sink, loader.dataset.op_names, loader.rows_in, attempt_dir)
+                opcounts.collect(sink, loader.dataset.op_names, loader.rows_in, attempt.dir)
         finally:
             if sink:
                 shutil.rmtree(sink, ignore_errors=True)
+        return dataset.data.count() if dataset is not None else None
+
+    def finish(self, attempt: ShardAttempt) -> None:
+        """Join Ray's part files, in order, into the attempt's output; check the row count."""
         t2 = time.perf_counter()
-        expected = dataset.data.count() if dataset is not None else None
-        rows = join_parts(export_path, Path(output_path))
-        if expected is not None and rows != expected:
-            raise IntegrityError(f"{output_path}: joined {rows} rows from {export_path} but Ray reported {expected}")
+        export_path = attempt.dir / EXPORT_NAME
+        rows = join_parts(export_path, attempt.output)
+        if attempt.expected is not None and rows != attempt.expected:
+            raise IntegrityError(
+                f"{attempt.output}: joined {rows} rows from {export_path} but Ray reported {attempt.expected}"
+            )
         remove(export_path)
-        return rows, t1, t2
+        attempt.seconds.update(run=attempt.ended - attempt.started, join=time.perf_counter() - t2)
+        self.timings.append({**attempt.seconds, "rows": rows, "start": attempt.started, "end": attempt.ended})
+        with open(attempt.dir / LOG_NAME, "a", encoding="utf-8") as log:
+            log.write(
+                f"shard {Path(attempt.cfg.dataset_path).name}: {rows} rows (load {attempt.seconds['load']:.2f}s, "
+                f"Data-Juicer {attempt.seconds['run']:.2f}s, join {attempt.seconds['join']:.2f}s)\n"
+            )
 
     def close(self) -> None:
-        """Shut down the Ray runtime if this runner started it."""
+        """Release the warm actors of every job, and shut down the Ray runtime if this runner started it."""
+        for job in self._jobs.values():
+            job.warm.close()
         if self._started_ray:
             import ray
 

@@ -36,6 +36,7 @@ class ElasticShardSettings:
     nodes: int | None = JobSpec.nodes
     require_all_nodes: bool = JobSpec.require_all_nodes
     max_shards: int | None = JobSpec.max_shards
+    prefetch_shards: int = JobSpec.prefetch_shards
     ray_address: str = Policy.ray_address
     allow_version_mismatch: bool = JobSpec.allow_version_mismatch
     speculation: bool = Speculation.enabled
@@ -80,6 +81,11 @@ _ARGS: dict[str, tuple[Any, str]] = {
     "nodes": (Optional[PositiveInt], "Number of nodes expected to take part in this submission."),
     "require_all_nodes": (bool, "Fail unless all `nodes` nodes join the submission."),
     "max_shards": (Optional[PositiveInt], "Stop this node's worker after it completed this many shards."),
+    "prefetch_shards": (
+        NonNegativeInt,
+        "Shards a worker claims and reads in ahead of the one it processes, so its node never waits "
+        "between shards (0: one shard at a time). Each holds a lease and counts toward max_shards.",
+    ),
     "ray_address": (
         str,
         "Node-local Ray runtime each worker uses: 'local' starts one per worker process; "

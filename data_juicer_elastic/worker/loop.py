@@ -174,6 +174,14 @@ class Worker:
         )
 
 
-def run_worker(job_dir: str | os.PathLike, runner: Runner, **options) -> WorkerResult:
-    """Run the claim loop until the job is complete, failed, or a limit is reached."""
+def run_worker(job_dir: str | os.PathLike, runner: Runner, *, prefetch: int = 0, **options) -> WorkerResult:
+    """Run the claim loop until the job is complete, failed, or a limit is reached.
+
+    ``prefetch`` > 0: claim and load that many shards ahead of the one being
+    processed (``worker.prefetch``); 0 runs one attempt at a time.
+    """
+    if prefetch > 0:
+        from data_juicer_elastic.worker.prefetch import PrefetchWorker
+
+        return PrefetchWorker(job_dir, runner, prefetch=prefetch, **options).run()
     return Worker(job_dir, runner, **options).run()

@@ -51,12 +51,16 @@ class Pace:
         return statistics.median(self._durations) if self._durations else None
 
 
-def should_claim(my_pace: float | None, busy: list[BusyWorker], free_shards: int) -> bool:
-    """True if an earliest-finish-time schedule of the free shards gives this (idle) worker one."""
+def should_claim(my_pace: float | None, busy: list[BusyWorker], free_shards: int, my_backlog: float = 0.0) -> bool:
+    """True if an earliest-finish-time schedule of the free shards gives this worker one.
+
+    ``my_backlog``: seconds of work this worker already holds (a prefetching
+    worker claims its next shard while one runs), 0 for an idle worker.
+    """
     if my_pace is None or free_shards > TAIL_LIMIT:
         return True
     me = -1
-    heap = [(my_pace, my_pace, me)]
+    heap = [(my_backlog + my_pace, my_pace, me)]
     for i, w in enumerate(busy):
         if w.elapsed <= OVERDUE * w.pace:
             finish = max(w.pace - w.elapsed, 0.0) + w.pace

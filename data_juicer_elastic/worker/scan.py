@@ -46,6 +46,8 @@ class ClaimChooser:
         self.order = [s.id for s in job.manifest().shards]
         self._offset = zlib.crc32(f"{store.host}:{os.getpid()}".encode()) % len(self.order)
         self._waiting = False  # declined to claim at the tail (logged once per stretch)
+        # Seconds of claimed work this worker holds before a new claim could start (a prefetching worker's).
+        self.backlog: Callable[[], float] = lambda: 0.0
         self._declined = False  # this scan declined claimable shards (pacing): no backup either
 
     def candidates(self) -> tuple[Held, Held, set[str], set[str]]:
@@ -112,9 +114,11 @@ class ClaimChooser:
         workers = []
         for sid, attempt in busy:
             info = load_attempt(self.job.attempt_dir(sid, attempt))
+            if info and info.host == self.store.host and info.pid == self.store.pid:
+                continue  # this worker's own claims held ahead: its backlog counts them
             if info and info.pace is not None and info.claimed_at > 0 and not info.final:
                 workers.append(BusyWorker(info.pace, max(now - info.claimed_at, 0.0)))
-        turn = should_claim(self.pace.seconds, workers, claimable)
+        turn = should_claim(self.pace.seconds, workers, claimable, self.backlog())
         if not turn and not self._waiting:
             self.log(
                 f"leaving the last {claimable} shard(s) to faster workers "

@@ -1,0 +1,59 @@
+"""Prefetch keeps the protocol: real worker processes, real signals, a runner that sleeps on chosen shards."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from data_juicer_elastic.job.claims import RELEASED_MTIME
+from tests.jobs import attempt_outcomes, make_job, spawn_worker, wait_for
+
+
+def _leases(job) -> list[str]:
+    return sorted(os.listdir(job.claims_dir))
+
+
+def test_sigterm_releases_the_running_and_the_prefetched_lease(tmp_path):
+    """While one shard runs, the next is already claimed; SIGTERM ends both as interrupted and frees both."""
+    job = make_job(tmp_path, rows=40, shards=4)
+    first = job.manifest().shards[0].id
+    worker = spawn_worker(job, "slow_copy", "--prefetch-shards", "1", log=tmp_path / "w.log", DJE_TEST_SLEEP="120")
+    try:
+        wait_for(lambda: len(list(job.attempts_dir.glob("*/*/started"))) == 1, timeout=120)
+        wait_for(lambda: len(_leases(job)) == 2, timeout=120)  # the running shard and the one claimed ahead
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=120) == 128 + signal.SIGTERM
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    leases = _leases(job)
+    assert len(leases) == 2, leases
+    assert all(os.lstat(job.claims_dir / name).st_mtime <= RELEASED_MTIME for name in leases), "a lease still held"
+    outcomes = attempt_outcomes(job)
+    assert sorted(v for o in outcomes.values() for v in o) == ["interrupted", "interrupted"], outcomes
+    assert not job.done_ids(), first
+
+
+def test_max_shards_counts_the_claims_made_ahead(tmp_path):
+    """--max-shards 2 with prefetch: two shards done, no third claimed, nothing left held."""
+    job = make_job(tmp_path, rows=100, shards=10)
+    worker = spawn_worker(job, "copy", "--prefetch-shards", "1", "--max-shards", "2", log=tmp_path / "w.log")
+    assert worker.wait(timeout=120) == 0, (tmp_path / "w.log").read_text()
+    assert len(job.done_ids()) == 2
+    outcomes = attempt_outcomes(job)
+    assert sorted(v for o in outcomes.values() for v in o) == ["done", "done"], outcomes
+
+
+def test_prefetching_workers_finish_a_job_and_publish_each_shard_once(tmp_path):
+    """Three prefetching workers race over 30 shards: every shard done once, every attempt ended, no lease held."""
+    job = make_job(tmp_path, rows=300, shards=30)
+    workers = [spawn_worker(job, "copy", "--prefetch-shards", "2", log=tmp_path / f"w{i}.log") for i in range(3)]
+    for i, w in enumerate(workers):
+        assert w.wait(timeout=300) == 0, (tmp_path / f"w{i}.log").read_text()
+    assert len(job.done_ids()) == 30
+    outcomes = attempt_outcomes(job)
+    assert all(o[-1] == "done" and "running" not in o for o in outcomes.values()), outcomes
+    assert all(
+        os.lstat(job.claims_dir / n).st_mtime <= RELEASED_MTIME or n.split("@")[0] in job.done_ids()
+        for n in _leases(job)
+    )
