@@ -19,17 +19,11 @@ import pytest
 import yaml
 
 from data_juicer_elastic.errors import UserError
+from tests.reference import OFFLINE
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
-QUIET_ENV = {
-    "HF_HUB_OFFLINE": "1",
-    "HF_DATASETS_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "PIP_NO_INDEX": "1",
-    "UV_OFFLINE": "1",
-    "RAY_USAGE_STATS_ENABLED": "0",
-}
+QUIET_ENV = OFFLINE
 
 
 def run_python(code: str, **env: str) -> subprocess.CompletedProcess:

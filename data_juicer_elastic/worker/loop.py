@@ -19,6 +19,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from data_juicer_elastic.errors import ElasticError
 from data_juicer_elastic.job.claims import Lease, claim_store
@@ -33,6 +34,8 @@ from data_juicer_elastic.worker.runner import Runner
 from data_juicer_elastic.worker.scan import ClaimChooser, Scan
 from data_juicer_elastic.worker.signals import Interrupted, signals_raise_interrupted
 from data_juicer_elastic.worker.speculation import Speculation
+
+AttemptT = TypeVar("AttemptT", bound=Attempt)
 
 
 @dataclass
@@ -78,10 +81,9 @@ class Worker:
         """Claim the next shard: (its lease or None, the done shards, the failed shards)."""
         return self.chooser.claim_next()
 
-    def run_attempt(self, lease: Lease, final: bool) -> str:
-        """Run one claimed attempt to its outcome; a finished one feeds this worker's pace."""
-        t0 = time.monotonic()
-        outcome = Attempt(
+    def new_attempt(self, kind: type[AttemptT], lease: Lease, final: bool) -> AttemptT:
+        """An attempt of ``kind`` on this worker's job, lease store, runner and pace."""
+        return kind(
             self.job,
             self.store,
             lease,
@@ -91,7 +93,12 @@ class Worker:
             pace=self.pace.seconds,
             final=final,
             stopper=self.stopper,
-        ).run()
+        )
+
+    def run_attempt(self, lease: Lease, final: bool) -> str:
+        """Run one claimed attempt to its outcome; a finished one feeds this worker's pace."""
+        t0 = time.monotonic()
+        outcome = self.new_attempt(Attempt, lease, final).run()
         if outcome == "done":
             self.pace.add(time.monotonic() - t0)
         return outcome

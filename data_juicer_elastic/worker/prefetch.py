@@ -265,17 +265,7 @@ class PrefetchWorker(Worker):
                 return
             self.claimed += 1
             final = self._last_claim(len(result.completed) + self._unfinished())
-            attempt = StagedAttempt(
-                self.job,
-                self.store,
-                lease,
-                self.runner,
-                self.policy,
-                self.log,
-                pace=self.pace.seconds,
-                final=final,
-                stopper=self.stopper,
-            )
+            attempt = self.new_attempt(StagedAttempt, lease, final)
             if not self._open(attempt):
                 continue
             with self._lock:

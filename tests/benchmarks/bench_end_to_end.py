@@ -40,18 +40,9 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for tests.reference
-from tests.reference import assert_matches_reference, read_rows
+from tests.reference import OFFLINE, assert_matches_reference, read_rows
 
 TARGET = 1.15
-OFFLINE = {
-    "HF_HUB_OFFLINE": "1",
-    "HF_DATASETS_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "PIP_NO_INDEX": "1",
-    "UV_OFFLINE": "1",
-    "RAY_USAGE_STATS_ENABLED": "0",
-    "PYTHONUNBUFFERED": "1",
-}
 DJ_PROCESS = str(Path(sys.executable).parent / "dj-process")
 PROCESS = [{"whitespace_normalization_mapper": None}, {"text_length_filter": {"min_len": 10, "max_len": 10000}}]
 
