@@ -50,6 +50,7 @@ LEGACY_SCHEMA = 3  # readable: its one generation lives at the top of the job di
 SHARD_ID_RE = re.compile(r"^part-(\d{5})-of-(\d{5})$")
 GENERATION_RE = re.compile(r"^[0-9a-f]{16}$")
 GENERATIONS = "generations"
+DJ_WORK = "dj-work"  # Data-Juicer's work dir of the dj-process runs on this job
 
 
 def generation_id(recipe_sha256: str) -> str:
@@ -340,6 +341,11 @@ class JobDir:
     @property
     def runs_dir(self) -> Path:
         return self.root / "runs"
+
+    @property
+    def dj_work_dir(self) -> Path:
+        """Data-Juicer's own work dir of each dj-process (its logs, config backup), one folder per run."""
+        return self.root / DJ_WORK
 
     @property
     def finalize_dir(self) -> Path:

@@ -122,6 +122,12 @@ def patch_config(module: ModuleType) -> bool:
     def init_setup_from_cfg_checked(cfg: Any, *args: Any, **kwargs: Any) -> Any:
         # before the original creates the work dir, logs and backups
         on_parsed(cfg, getattr(module, "_normalize_partition_size_config", None))
+        if cfg.get("executor_type") == NAME and not cfg.get("work_dir"):
+            # Data-Juicer would make a timestamped folder beside export_path on every run
+            from data_juicer_elastic.job.layout import DJ_WORK
+            from data_juicer_elastic.plugin.schema import settings_from_cfg
+
+            cfg.work_dir = os.path.join(os.path.abspath(settings_from_cfg(cfg).job_dir), DJ_WORK)
         result = init_setup_from_cfg(cfg, *args, **kwargs)
         if cfg.get("executor_type") == NAME:  # after Data-Juicer set its logger up, before the config table
             from data_juicer_elastic.plugin.console import install_story_console

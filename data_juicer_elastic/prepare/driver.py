@@ -31,7 +31,16 @@ from typing import Any
 import yaml
 
 from data_juicer_elastic.errors import UserError
-from data_juicer_elastic.job.layout import InputFile, JobDir, Manifest, Policy, ShardSource, ShardSpec, shard_id
+from data_juicer_elastic.job.layout import (
+    DJ_WORK,
+    InputFile,
+    JobDir,
+    Manifest,
+    Policy,
+    ShardSource,
+    ShardSpec,
+    shard_id,
+)
 from data_juicer_elastic.jsonl import RowRules
 from data_juicer_elastic.prepare.existing import confirm_existing
 from data_juicer_elastic.prepare.generation import ensure_generation
@@ -157,7 +166,7 @@ def _refuse_occupied(root: Path) -> None:
         raise UserError(f"{root}: exists and is not a directory; choose another job dir")
     if complete_publication(root):
         return
-    entries = sorted(e for e in os.listdir(root) if e != "runs" and not e.startswith(STAGING_MARK))
+    entries = sorted(e for e in os.listdir(root) if e not in ("runs", DJ_WORK) and not e.startswith(STAGING_MARK))
     if entries:
         shown = ", ".join(entries[:5]) + (" ..." if len(entries) > 5 else "")
         raise UserError(
