@@ -82,7 +82,7 @@ class StagedAttempt(Attempt):
         except ShardMismatch as exc:  # retrying cannot heal an edited shard
             self.fail(exc, terminal=True)
             return False
-        args = (str(shard), str(self.output), str(self.job.root))
+        args = (str(shard), str(self.output), str(self.job.gen_dir))  # names the generation
         self.loaded = in_thread(stages.load, *args) if in_background else at_once(stages.load, *args)
         return True
 
