@@ -106,3 +106,6 @@ def test_two_hand_started_dj_process_merge_once_and_a_rerun_rewrites_nothing(tmp
     assert again.returncode == 0, again.stderr[-3000:]
     assert "nothing rewritten" in again.stdout + again.stderr and "merged 4 shards" not in again.stdout + again.stderr
     assert (stat_of(export), stat_of(job.merge_record_path)) == before
+    # Every run's own Data-Juicer work dir lies inside the job dir, none beside the export file.
+    assert sorted(p.name for p in export.parent.iterdir()) == ["merged.jsonl"]
+    assert len(list((tmp_path / "job" / "dj-work").iterdir())) == 3
