@@ -48,7 +48,7 @@ def takeover_delay(nodes: Nodes, shard: str, dead_attempt: int, last_beat: float
 
 
 @pytest.mark.xfail(
-    reason="known on the merged tree: written before generations: expects one attempts folder layout (issue 17)",  # noqa: E501
+    reason="known on the merged tree: written before generations: expects one attempts folder layout (issue 17)",
     strict=False,
 )
 def test_nodes_killed_at_ray_start_up_and_mid_shard_lose_nothing(tmp_path, reference):
@@ -83,7 +83,7 @@ def test_nodes_killed_at_ray_start_up_and_mid_shard_lose_nothing(tmp_path, refer
 
 
 @pytest.mark.xfail(
-    reason="known on the merged tree: written before generations: expects one attempts folder layout (issue 17)",  # noqa: E501
+    reason="known on the merged tree: written before generations: expects one attempts folder layout (issue 17)",
     strict=False,
 )
 def test_stopped_nodes_resume_without_publishing_stale_work(tmp_path, reference):

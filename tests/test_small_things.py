@@ -46,7 +46,7 @@ def test_one_line_drops_colour_and_keeps_the_raised_exception():
 
 
 @pytest.mark.xfail(
-    reason="known on the merged tree: the prefetching worker does not log what it waits for yet (issues 13/14)",  # noqa: E501
+    reason="known on the merged tree: the prefetching worker does not log what it waits for yet (issues 13/14)",
     strict=False,
 )
 def test_a_waiting_worker_says_for_what_and_status_shows_the_lost_attempt(tmp_path):
