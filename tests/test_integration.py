@@ -189,10 +189,6 @@ def test_custom_operator_recipe_matches_one_ray_run(tmp_path):
     assert snapshot["custom_operator_paths"] == [str(ops)]
 
 
-@pytest.mark.xfail(
-    reason="known on the merged tree: reads job/state/ at the top of the job dir; the records moved into generations/<gen>/ (issue 14)",  # noqa: E501
-    strict=False,
-)
 def test_a_failing_op_fails_its_shard_and_the_job_exits_2(tmp_path):
     ops = tmp_path / "dje_failing_ops.py"
     ops.write_text(
@@ -222,8 +218,9 @@ def test_a_failing_op_fails_its_shard_and_the_job_exits_2(tmp_path):
     out = dj_process("--config", str(config), cwd=tmp_path)
     assert out.returncode == 2, out.stderr[-3000:]
     assert "FAIL:" in out.stderr and "part-00000-of-00004" in out.stderr
-    failed = json.loads((tmp_path / "job/state/failed/part-00000-of-00004.json").read_text())
-    assert "row 7 is cursed" in (tmp_path / "job" / failed["log"]).read_text()
+    job = JobDir(tmp_path / "job")
+    failed = json.loads(job.failed_path("part-00000-of-00004").read_text())
+    assert "row 7 is cursed" in (job.root / failed["log"]).read_text()
     assert not (tmp_path / "out" / "merged.jsonl").exists()
 
 
