@@ -155,6 +155,7 @@ class Nodes:
             "lock_timeout_secs": 8.0,
             "poll_interval_secs": 0.2,
             "wait_timeout_secs": 600.0,
+            "prefetch_shards": 0,  # a gated node holds exactly the shard it runs (prefetch: tests/test_prefetch.py)
         }
         settings.update(elastic)
         self.lock_timeout = float(settings["lock_timeout_secs"])

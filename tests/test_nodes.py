@@ -47,10 +47,6 @@ def takeover_delay(nodes: Nodes, shard: str, dead_attempt: int, last_beat: float
     return nodes.attempt_record(shard, dead_attempt + 1)["claimed_at"] - last_beat
 
 
-@pytest.mark.xfail(
-    reason="known on the merged tree: written before generations: expects one attempts folder layout (issue 17)",
-    strict=False,
-)
 def test_nodes_killed_at_ray_start_up_and_mid_shard_lose_nothing(tmp_path, reference):
     """C dies while its Ray starts, A dies inside a shard: B takes A's shard over after the lease timeout."""
     nodes = Nodes(tmp_path)
@@ -82,10 +78,6 @@ def test_nodes_killed_at_ray_start_up_and_mid_shard_lose_nothing(tmp_path, refer
     check_against_reference(nodes, reference)
 
 
-@pytest.mark.xfail(
-    reason="known on the merged tree: written before generations: expects one attempts folder layout (issue 17)",
-    strict=False,
-)
 def test_stopped_nodes_resume_without_publishing_stale_work(tmp_path, reference):
     """A is stopped inside a shard until B took it over, W (a second process on B's host) through finalize."""
     nodes = Nodes(tmp_path)
