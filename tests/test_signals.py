@@ -127,10 +127,6 @@ def released(job: Path) -> bool:
     return bool(claims) and all(os.stat(c).st_mtime <= RELEASED_MTIME for c in claims)
 
 
-@pytest.mark.xfail(
-    reason="known on the merged tree: with prefetch on, the running and the prefetched attempt are both interrupted; the test expects one (issues 13/14)",  # noqa: E501
-    strict=False,
-)
 def test_sigterm_while_waiting_and_mid_shard_releases_and_exits_143(tmp_path):
     recipe = slow_job(tmp_path)
     job = tmp_path / "job"
@@ -156,7 +152,8 @@ def test_sigterm_while_waiting_and_mid_shard_releases_and_exits_143(tmp_path):
     status = job_status(JobDir(job))
     assert status.counts["running"] == 0 and status.counts["done"] == 0
     outcomes = [json.loads(Path(p).read_text())["outcome"] for p in found(job, "attempts/*/*/attempt.json")]
-    assert outcomes == ["interrupted"]
+    # the running attempt and, with prefetch on (the default), the one claimed ahead: both interrupted, both released
+    assert outcomes and set(outcomes) == {"interrupted"} and len(outcomes) <= 2, outcomes
     finish(recipe, tmp_path)
 
 
