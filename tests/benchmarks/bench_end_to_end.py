@@ -91,12 +91,19 @@ def run(config: Path, cwd: Path, timeout: int) -> tuple[float, float, str]:
     return wall, cpu, log
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=3)
+def b1_parser(doc: str | None, *, rounds: bool = True) -> argparse.ArgumentParser:
+    """The arguments every B1-shaped benchmark takes: B1's rows, shards and prepare processes."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if rounds:
+        ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rows", type=int, default=200_000)
     ap.add_argument("--shards", type=int, default=16)
     ap.add_argument("--np", type=int, default=2)
+    return ap
+
+
+def main() -> None:
+    ap = b1_parser(__doc__)
     ap.add_argument("--dir", type=Path, default=None, help="work directory (default: a fresh temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (job dirs, outputs, logs)")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per dj-process run")

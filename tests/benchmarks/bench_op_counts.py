@@ -15,7 +15,6 @@ Not collected by pytest (file name does not match test_*.py).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -27,7 +26,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_end_to_end import PROCESS, count_rows, generate, run
+from bench_end_to_end import PROCESS, b1_parser, count_rows, generate, run
 
 TARGET = 1.02
 
@@ -63,12 +62,7 @@ def one_run(rd: Path, data: Path, shards: int, np_: int, counting: bool) -> tupl
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--rows", type=int, default=200_000)
-    ap.add_argument("--shards", type=int, default=16)
-    ap.add_argument("--np", type=int, default=2)
-    args = ap.parse_args()
+    args = b1_parser(__doc__).parse_args()
     work = Path(tempfile.mkdtemp(prefix="dje-b1c-"))
     wall: dict[bool, list[float]] = {True: [], False: []}
     busy: dict[bool, list[float]] = {True: [], False: []}

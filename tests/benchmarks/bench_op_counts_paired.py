@@ -15,7 +15,6 @@ Not collected by pytest (file name does not match test_*.py).
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import statistics
@@ -27,7 +26,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_end_to_end import PROCESS, generate
+from bench_end_to_end import PROCESS, b1_parser, generate
 
 from data_juicer_elastic.job.layout import JobDir, Policy
 from data_juicer_elastic.plugin.opcounts import COUNT_ENV
@@ -50,11 +49,8 @@ def timed_run(runner: RayShardRunner, job: JobDir, sid: str, tag: str, counting:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", type=int, default=200_000)
-    ap.add_argument("--shards", type=int, default=16)
+    ap = b1_parser(__doc__, rounds=False)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--np", type=int, default=2)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="dje-b1c-"))
     runner = RayShardRunner()
