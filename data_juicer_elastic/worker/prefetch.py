@@ -302,6 +302,7 @@ class PrefetchWorker(Worker):
         if self.stop_when_idle:
             result.exit_code, result.message = 1, "no claimable shard left; others still running"
             return True
+        self._say_what_it_waits_for(done | failed)  # the same line the one-at-a-time loop logs
         time.sleep(self.policy.poll_interval_secs)
         return False
 
