@@ -77,10 +77,6 @@ def test_a_20mb_row_runs(tmp_path):
     assert [r["id"] for r in merged] == list(range(8)) and len(merged[5]["text"]) == 20 << 20
 
 
-@pytest.mark.xfail(
-    reason="known on the merged tree: with prefetch the shard is read in the load stage, where reader errors are not yet classified as permanent (issues 13/14)",  # noqa: E501
-    strict=False,
-)
 def test_a_row_the_reader_refuses_fails_its_shard_at_once_naming_file_and_line(tmp_path):
     data = tmp_path / "data.jsonl"
     rows = [{"id": i, "text": f"row {i}"} for i in range(40)]

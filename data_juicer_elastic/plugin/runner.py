@@ -187,6 +187,11 @@ def attempt_config(base: Any, shard_path: str, attempt_dir: str) -> Any:
 
 
 # --------------------------------------------------------------------------- runner
+def recurring(exc: Exception, shard: str, job: _Job) -> Exception:
+    """``exc`` if a retry may heal it, else the PermanentError that fails the shard at once (shard_errors)."""
+    return classify(exc, shard, job.root, arrow_read_options(job.cfg, shard))
+
+
 @dataclass
 class _Job:
     root: str  # the job (generation) directory
@@ -278,7 +283,15 @@ class RayShardRunner:
         configure_ray_data()
         cfg = attempt_config(base, os.path.abspath(shard_path), str(Path(output_path).parent))
         t1 = time.perf_counter()
-        attempt = ShardAttempt(self._jobs[key], cfg, Path(output_path), read_shard(cfg))
+        job = self._jobs[key]
+        try:
+            data = read_shard(cfg)
+        except Exception as exc:  # a row Arrow refuses: the same on every attempt
+            error = recurring(exc, cfg.dataset_path, job)
+            if error is exc:
+                raise
+            raise error from exc
+        attempt = ShardAttempt(job, cfg, Path(output_path), data)
         attempt.seconds.update(setup=t1 - t0, load=time.perf_counter() - t1)
         return attempt
 
@@ -292,8 +305,7 @@ class RayShardRunner:
                 attempt.expected = self._execute(attempt)
             except Exception as exc:
                 logger.error(f"shard {Path(attempt.cfg.dataset_path).name} failed: {type(exc).__name__}: {exc}")
-                shard = attempt.cfg.dataset_path
-                error = classify(exc, shard, attempt.job.root, arrow_read_options(attempt.job.cfg, shard))
+                error = recurring(exc, attempt.cfg.dataset_path, attempt.job)
                 if error is exc:
                     raise
                 logger.error(f"{error} (the same error would recur on every attempt: the shard fails now)")

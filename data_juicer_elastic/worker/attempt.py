@@ -39,6 +39,10 @@ class ShardMismatch(IntegrityError):
     """The shard file is not what the manifest says: edited or truncated after prepare."""
 
 
+# Failures a retry cannot heal (an edited shard, a runner's row or recipe error): the shard fails at once.
+TERMINAL = (ShardMismatch, PermanentError)
+
+
 class Attempt:
     """One claimed attempt; ``run()`` returns its outcome (``done``, ``failed``, ``superseded``, ``lost-race``)."""
 
@@ -103,7 +107,7 @@ class Attempt:
             self._end("interrupted")
             self.store.release(self.lease)
             raise
-        except (ShardMismatch, PermanentError) as exc:  # retrying cannot heal an edited shard or a bad row
+        except TERMINAL as exc:  # retrying cannot heal an edited shard or a bad row
             return self._failed(exc, terminal=True)
         except Exception as exc:  # the runner's failure fails the attempt, not the worker
             if (signum := received()) is not None:  # the runner wrapped our Interrupted in its own error

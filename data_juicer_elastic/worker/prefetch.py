@@ -38,7 +38,7 @@ from data_juicer_elastic.errors import ElasticError
 from data_juicer_elastic.job.claims import heartbeat
 from data_juicer_elastic.job.records.failed import failure_message
 from data_juicer_elastic.storage.files import disk_full_in, no_space_error
-from data_juicer_elastic.worker.attempt import Attempt, ShardMismatch, claim_note, verified_shard
+from data_juicer_elastic.worker.attempt import TERMINAL, Attempt, ShardMismatch, claim_note, verified_shard
 from data_juicer_elastic.worker.disk_full import NoSpace, give_back
 from data_juicer_elastic.worker.fencing import Fenced
 from data_juicer_elastic.worker.loop import Worker, WorkerResult
@@ -149,7 +149,7 @@ class StagedAttempt(Attempt):
 
     def fail(self, exc: Exception, terminal: bool = False) -> str:
         self.beat.__exit__(None, None, None)
-        self.outcome = self._failed(exc, terminal)
+        self.outcome = self._failed(exc, terminal or isinstance(exc, TERMINAL))
         return self.outcome
 
     def abandon(self, outcome: str, error: str | None = None) -> None:
