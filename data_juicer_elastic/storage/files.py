@@ -129,7 +129,9 @@ def lost_race(exc: OSError, path: str | os.PathLike) -> bool:
 def create_exclusive(path: str | os.PathLike, data: bytes) -> bool:
     """Create ``path`` with O_CREAT|O_EXCL and write ``data``; False if it exists.
 
-    Used for small lease files whose existence, not content, is the claim.
+    Used for small lease files whose existence, not content, is the claim. If
+    the bytes cannot be written (a full disk) the file is removed again: a
+    claim cut short would otherwise read as an attempt that started and was lost.
     """
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -138,10 +140,14 @@ def create_exclusive(path: str | os.PathLike, data: bytes) -> bool:
             return False
         raise
     try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        _unlink_quietly(path)  # ours: O_EXCL made it
+        raise
     fsync_dir(Path(path).parent)
     return True
 

@@ -15,11 +15,13 @@ from pathlib import Path
 import pytest
 
 from data_juicer_elastic.errors import UserError
+from data_juicer_elastic.job.claims import claim_store
 from data_juicer_elastic.job.layout import JobDir, Policy
 from data_juicer_elastic.job.records import done as done_mod
 from data_juicer_elastic.merge import verify
 from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
 from data_juicer_elastic.status import job_status
+from data_juicer_elastic.storage.files import disk_full_in
 from data_juicer_elastic.worker.budget import failure_count
 from data_juicer_elastic.worker.loop import run_worker
 
@@ -139,3 +141,17 @@ def test_disk_full_during_merge(tmp_path, small_disk):
     assert not job.merge_record_path.exists()
     small_disk.resize(disk, "16m")
     merge_and_check(job, out)
+
+
+def test_a_claim_the_full_disk_cut_short_is_no_claim(tmp_path, small_disk):
+    """The lease file is created but its body cannot be written: no lease is left behind to count as lost."""
+    disk = small_disk.mount("4m")
+    job = make_job(tmp_path, rows=400, shards=4, job_dir=disk / "job")
+    filler = _fill(disk, 0)
+    store = claim_store(job)
+    with pytest.raises(OSError) as err:
+        store.try_claim("shard-00000", 0)
+    assert disk_full_in(err.value)
+    assert not os.listdir(job.claims_dir), "a half-written lease was left"
+    os.unlink(filler)
+    assert store.try_claim("shard-00000", 0) is not None  # the same attempt number is free again
