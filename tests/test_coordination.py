@@ -18,6 +18,7 @@ from data_juicer_elastic.coordination.run_id import resolve_run_id, safe_key
 from data_juicer_elastic.coordination.spec import strict_split_ok
 from data_juicer_elastic.errors import UserError
 from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.report import REPORT_NAME
 
 from .coord_summary import run_summaries
 from .jobs import REPO, attempt_outcomes, env_with, wait_for, write_corpus
@@ -202,6 +203,9 @@ def test_terminal_shard_failure_stops_every_process(tmp_path):
         assert f"attempts/{bad}/0001/process.log" in line and "dj-elastic retry" in line
     assert (c.job.runs_dir / safe_key("run-1") / "abort.json").exists()
     assert not c.export.exists()
+    page = (c.job.gen_dir / REPORT_NAME).read_text()  # written once, by the process whose abort won
+    assert bad in page and "failed" in page
+    assert sum("job report: " in n.output for n in nodes) == 1
 
 
 def test_killed_prepare_coordinator_times_out_then_a_new_run_finishes(tmp_path):

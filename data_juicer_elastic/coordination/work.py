@@ -68,7 +68,7 @@ class AfterPrepare:
             check_versions(self.job.manifest().versions, allow_mismatch=self.spec.allow_version_mismatch)
             runner = self.spec.make_runner(str(self.job.gen_dir))
         except Exception as exc:
-            return self.run.abort(f"host={self.host} cannot run shards: {type(exc).__name__}: {exc}")
+            return self.abort(f"host={self.host} cannot run shards: {type(exc).__name__}: {exc}")
         try:
             result = run_worker(
                 self.job.gen_dir,
@@ -85,7 +85,7 @@ class AfterPrepare:
         if result.exit_code >= 128:  # this process was told to stop: it leaves, the job goes on
             return Outcome(result.exit_code, f"host={self.host}: {result.message}", self.host, self.run.pid)
         if result.exit_code == EXIT_FAILED:
-            return self.run.abort(result.message)
+            return self.abort(result.message)
         return None
 
     def shard_quota(self) -> int | None:
@@ -111,12 +111,19 @@ class AfterPrepare:
             if len(done) != last_done or _any_live(store, done):
                 last_done, last_progress = len(done), time.monotonic()
             elif time.monotonic() - last_progress > self.spec.timeout:
-                return self.run.abort(self.stall_message(done))
+                return self.abort(self.stall_message(done))
             time.sleep(self.spec.poll_interval_secs)
 
     def failed_outcome(self) -> Outcome | None:
         failed = sorted(self.job.failed_ids())
-        return self.run.abort(failure_message(self.job, failed[0])) if failed else None
+        return self.abort(failure_message(self.job, failed[0])) if failed else None
+
+    def abort(self, message: str) -> Outcome:
+        """Stop the run; the process whose abort wins writes the job report, since a failed job is read most."""
+        outcome = self.run.abort(message)
+        if (outcome.host, outcome.pid) == (self.host, self.run.pid):
+            self.write_report()
+        return outcome
 
     def all_done(self) -> bool:
         return len(self.job.done_ids()) == len(self.job.manifest().shards)
