@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from data_juicer_elastic.errors import IntegrityError, UserError
-from data_juicer_elastic.job.layout import JobDir, ShardSpec
+from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.job.manifest import ShardSpec
 from data_juicer_elastic.job.records.done import DoneRecord, load_done
 from data_juicer_elastic.progress import ProgressBar
 from data_juicer_elastic.storage.blocks import BLOCK, Digester, blocks, digest_file

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 from data_juicer_elastic.errors import IntegrityError, one_line
 from data_juicer_elastic.job.claims import ClaimStore, claim_store
-from data_juicer_elastic.job.layout import JobDir, Manifest
+from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.job.manifest import Manifest
 from data_juicer_elastic.job.records.attempt import load_attempt
 from data_juicer_elastic.job.records.done import load_done
 from data_juicer_elastic.job.records.failed import load_failed

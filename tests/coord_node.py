@@ -21,7 +21,7 @@ from pathlib import Path
 
 from data_juicer_elastic.coordination.session import JobSpec, run_job
 from data_juicer_elastic.errors import UserError
-from data_juicer_elastic.job.layout import Policy
+from data_juicer_elastic.job.manifest import Policy
 from data_juicer_elastic.job.versions import current_versions
 from data_juicer_elastic.prepare.driver import PrepareRequest
 from data_juicer_elastic.worker.speculation import Speculation

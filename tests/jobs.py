@@ -10,7 +10,8 @@ from pathlib import Path
 
 import orjson
 
-from data_juicer_elastic.job.layout import JobDir, Policy
+from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.job.manifest import Policy
 from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
 
 REPO = Path(__file__).resolve().parent.parent

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import orjson
 
-from data_juicer_elastic.job.layout import JobDir, Policy
+from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.job.manifest import Policy
 from data_juicer_elastic.job.records.done import DoneRecord, expected_output, publish_done
 from data_juicer_elastic.prepare.driver import PrepareRequest, PrepareResult, prepare
 

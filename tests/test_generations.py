@@ -17,7 +17,8 @@ import orjson
 import pytest
 
 from data_juicer_elastic.errors import UserError
-from data_juicer_elastic.job.layout import JobDir, Policy, manifest_digest
+from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.job.manifest import Policy, manifest_digest
 from data_juicer_elastic.merge import merge
 from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
 from data_juicer_elastic.status import job_status

@@ -12,7 +12,8 @@ import yaml
 from jsonargparse import Namespace
 
 from data_juicer_elastic.errors import IntegrityError, UserError
-from data_juicer_elastic.job.layout import JobDir, Policy
+from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.job.manifest import Policy
 from data_juicer_elastic.plugin import shard_io
 from data_juicer_elastic.plugin.runner import RayShardRunner, attempt_config, join_parts
 from data_juicer_elastic.prepare.driver import PrepareRequest, prepare

@@ -8,8 +8,9 @@ import subprocess
 import sys
 
 from data_juicer_elastic.errors import one_line
-from data_juicer_elastic.job.layout import JobDir, Policy
+from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.lines import input_line
+from data_juicer_elastic.job.manifest import Policy
 from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
 
 from .jobs import REPO, attempt_outcomes, env_with, make_job, spawn_worker, wait_for, write_corpus

@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from data_juicer_elastic.job.layout import JobDir, Policy
+from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.job.manifest import Policy
 from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
 from tests.jobs import REPO, attempt_outcomes, env_with
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from data_juicer_elastic.errors import UserError
-from data_juicer_elastic.job.layout import Policy
+from data_juicer_elastic.job.manifest import Policy
 from data_juicer_elastic.worker.runner import Runner
 from data_juicer_elastic.worker.speculation import Speculation
 

@@ -1,4 +1,4 @@
-"""The job directory: its layout, path confinement, and the manifest schema.
+"""The job directory: its layout, its generations, and path confinement.
 
     <job_dir>/
       manifest.json                 immutable once published: input, row rules, shards
@@ -35,18 +35,15 @@ its own content (``manifest_digest``), so an edit after prepare is refused.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from data_juicer_elastic.errors import IntegrityError, UserError
-from data_juicer_elastic.storage.files import dumps_json, read_json
+from data_juicer_elastic.job.manifest import LEGACY_SCHEMA, Manifest, Policy, ShardSpec, manifest_digest
+from data_juicer_elastic.storage.files import read_json
 
-SCHEMA_VERSION = 4  # 2: the manifest carries its digest; 3: inputs fingerprinted per source range; 4: generations
-LEGACY_SCHEMA = 3  # readable: its one generation lives at the top of the job dir
 SHARD_ID_RE = re.compile(r"^part-(\d{5})-of-(\d{5})$")
 GENERATION_RE = re.compile(r"^[0-9a-f]{16}$")
 GENERATIONS = "generations"
@@ -64,117 +61,6 @@ def shard_id(index: int, count: int) -> str:
 
 def attempt_name(attempt: int) -> str:
     return f"{attempt:04d}"
-
-
-@dataclass(frozen=True)
-class InputFile:
-    """One input file as prepare saw it (path relative to the dataset root).
-
-    Its content is fingerprinted by the sha256 of each of its source ranges
-    (``ShardSource.sha256``), taken in prepare's one read of the file.
-    """
-
-    path: str
-    size: int
-    mtime_ns: int
-    rows: int
-
-
-@dataclass(frozen=True)
-class ShardSource:
-    """A contiguous byte range of one input file inside a shard."""
-
-    file: str
-    start: int
-    end: int
-    first_line: int  # 1-based line number of the range's first line in ``file``
-    sha256: str  # of the range's lines as read, each ending in a newline (one is added at a file's end)
-
-
-@dataclass(frozen=True)
-class ShardSpec:
-    id: str
-    path: str  # relative to the job directory
-    rows: int
-    bytes: int
-    sha256: str
-    first_row: int  # global 0-based index of the shard's first row
-    sources: tuple[ShardSource, ...] = ()
-
-
-@dataclass(frozen=True)
-class Policy:
-    """Execution settings fixed at prepare time; every worker obeys the manifest's copy."""
-
-    num_shards: int
-    lock_timeout_secs: float = 300.0
-    heartbeat_secs: float = 30.0
-    max_retries: int = 2
-    poll_interval_secs: float = 5.0
-    ray_address: str = "local"
-
-
-@dataclass(frozen=True)
-class Manifest:
-    dataset_path: str  # absolute
-    input_kind: str  # "file" or "dir"
-    files: tuple[InputFile, ...]
-    recipe_sha256: str
-    versions: dict[str, str]
-    policy: Policy
-    media_keys: tuple[str, ...]
-    index_keys: tuple[str, ...]
-    shards: tuple[ShardSpec, ...]
-    total_rows: int
-    total_bytes: int
-    created_at: float = 0.0
-    schema_version: int = SCHEMA_VERSION
-    digest: str = ""  # manifest_digest() of the rest, set by seal()
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def seal(self) -> Manifest:
-        """This manifest with its digest filled in (what prepare publishes)."""
-        return dataclasses.replace(self, digest=manifest_digest(self.to_dict()))
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any], where: str = "manifest.json") -> Manifest:
-        try:
-            if d.get("schema_version") not in (SCHEMA_VERSION, LEGACY_SCHEMA):
-                raise IntegrityError(
-                    f"{where}: schema_version {d.get('schema_version')!r} is not {SCHEMA_VERSION}; "
-                    "prepare the job again with this version of data-juicer-elastic"
-                )
-            shards = tuple(
-                ShardSpec(**{**s, "sources": tuple(ShardSource(**src) for src in s.get("sources", ()))})
-                for s in d["shards"]
-            )
-            return cls(
-                dataset_path=d["dataset_path"],
-                input_kind=d["input_kind"],
-                files=tuple(InputFile(**f) for f in d["files"]),
-                recipe_sha256=d["recipe_sha256"],
-                versions=dict(d["versions"]),
-                policy=Policy(**d["policy"]),
-                media_keys=tuple(d["media_keys"]),
-                index_keys=tuple(d["index_keys"]),
-                shards=shards,
-                total_rows=d["total_rows"],
-                total_bytes=d["total_bytes"],
-                created_at=d.get("created_at", 0.0),
-                schema_version=d["schema_version"],
-                digest=d.get("digest", ""),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            if isinstance(exc, IntegrityError):
-                raise
-            raise IntegrityError(f"{where}: malformed manifest ({exc!r}); prepare the job again") from exc
-
-
-def manifest_digest(d: dict[str, Any]) -> str:
-    """sha256 of a manifest's canonical JSON, leaving out ``digest`` itself and the ``created_at`` timestamp."""
-    return hashlib.sha256(dumps_json({k: v for k, v in d.items() if k not in ("digest", "created_at")})).hexdigest()
 
 
 def _record_ids(folder: Path) -> set[str]:

@@ -20,7 +20,8 @@ from loguru import logger
 
 from data_juicer_elastic.coordination.session import JobSpec, run_job
 from data_juicer_elastic.errors import JobFailed, UserError
-from data_juicer_elastic.job.layout import JobDir, Policy
+from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.job.manifest import Policy
 from data_juicer_elastic.job.versions import current_versions
 from data_juicer_elastic.plugin.recipe import snapshot_of
 from data_juicer_elastic.plugin.runner import RayShardRunner

@@ -13,7 +13,7 @@ from typing import Any, Literal, Optional, Union
 from jsonargparse.typing import ClosedUnitInterval, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
 from data_juicer_elastic.coordination.spec import JobSpec
-from data_juicer_elastic.job.layout import Policy
+from data_juicer_elastic.job.manifest import Policy
 from data_juicer_elastic.worker.speculation import Speculation
 
 NAME = "elastic_shard"

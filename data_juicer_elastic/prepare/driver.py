@@ -31,16 +31,8 @@ from typing import Any
 import yaml
 
 from data_juicer_elastic.errors import UserError
-from data_juicer_elastic.job.layout import (
-    DJ_WORK,
-    InputFile,
-    JobDir,
-    Manifest,
-    Policy,
-    ShardSource,
-    ShardSpec,
-    shard_id,
-)
+from data_juicer_elastic.job.layout import DJ_WORK, JobDir, shard_id
+from data_juicer_elastic.job.manifest import InputFile, Manifest, Policy, ShardSource, ShardSpec
 from data_juicer_elastic.jsonl import RowRules
 from data_juicer_elastic.prepare.existing import confirm_existing
 from data_juicer_elastic.prepare.generation import ensure_generation

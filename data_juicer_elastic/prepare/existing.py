@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from data_juicer_elastic.errors import UserError
-from data_juicer_elastic.job.layout import JobDir, Manifest
+from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.job.manifest import Manifest
 from data_juicer_elastic.prepare.generation import ensure_generation, same_content
 from data_juicer_elastic.prepare.inputs import Dataset, InputSpec, discover
 

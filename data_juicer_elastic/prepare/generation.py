@@ -26,7 +26,8 @@ from typing import Any, BinaryIO
 import yaml
 
 from data_juicer_elastic.errors import IntegrityError
-from data_juicer_elastic.job.layout import JobDir, Policy, ShardSource, generation_id
+from data_juicer_elastic.job.layout import JobDir, generation_id
+from data_juicer_elastic.job.manifest import Policy, ShardSource
 from data_juicer_elastic.prepare.inputs import STAGING_MARK, InputSpec, _decompressor
 from data_juicer_elastic.storage.blocks import BLOCK
 from data_juicer_elastic.storage.files import atomic_write, dumps_json, fsync_dir, read_json, read_record

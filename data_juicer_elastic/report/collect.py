@@ -16,7 +16,8 @@ from pathlib import Path
 
 from data_juicer_elastic.errors import ElasticError, IntegrityError
 from data_juicer_elastic.job.claims import RELEASED_MTIME, lease_name
-from data_juicer_elastic.job.layout import JobDir, Manifest, attempt_name
+from data_juicer_elastic.job.layout import JobDir, attempt_name
+from data_juicer_elastic.job.manifest import Manifest
 from data_juicer_elastic.job.records.attempt import load_attempt
 from data_juicer_elastic.job.records.done import load_done
 from data_juicer_elastic.status import OPS_NAME, first_line

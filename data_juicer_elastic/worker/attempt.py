@@ -21,7 +21,8 @@ from pathlib import Path
 
 from data_juicer_elastic.errors import ElasticError, IntegrityError, PermanentError, one_line
 from data_juicer_elastic.job.claims import ClaimStore, Lease, heartbeat
-from data_juicer_elastic.job.layout import JobDir, Policy, attempt_name
+from data_juicer_elastic.job.layout import JobDir, attempt_name
+from data_juicer_elastic.job.manifest import Policy
 from data_juicer_elastic.job.records.attempt import AttemptRecord, attempt_file, load_attempt, write_attempt
 from data_juicer_elastic.job.records.done import DoneRecord, load_done, publish_done
 from data_juicer_elastic.status import OPS_NAME, first_line

@@ -28,7 +28,8 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_end_to_end import PROCESS, b1_parser, generate
 
-from data_juicer_elastic.job.layout import JobDir, Policy
+from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.job.manifest import Policy
 from data_juicer_elastic.plugin.opcounts import COUNT_ENV
 from data_juicer_elastic.plugin.runner import RayShardRunner
 from data_juicer_elastic.prepare.driver import PrepareRequest, prepare

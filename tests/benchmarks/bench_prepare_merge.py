@@ -145,7 +145,8 @@ def do_merge(job_dir: Path, out: Path) -> None:
 CHILD = """
 import json, os, sys, threading
 sys.path.insert(0, {root!r})
-from data_juicer_elastic.job.layout import JobDir, Policy
+from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.job.manifest import Policy
 from data_juicer_elastic.merge import merge
 from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
 

@@ -135,7 +135,7 @@ def _time_executor(spans: list[list[float]]) -> None:
 def b8(a: argparse.Namespace, tmp: Path) -> bool:
     import inspect
 
-    from data_juicer_elastic.job.layout import Policy
+    from data_juicer_elastic.job.manifest import Policy
     from data_juicer_elastic.plugin.runner import RayShardRunner
     from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
     from data_juicer_elastic.worker.loop import run_worker

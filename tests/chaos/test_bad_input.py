@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from data_juicer_elastic.errors import UserError
-from data_juicer_elastic.job.layout import Policy
+from data_juicer_elastic.job.manifest import Policy
 from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
 
 from ..jobs import REPO, env_with
@@ -148,7 +148,8 @@ HUGE = 100 << 20
 PIPELINE = """
 import resource, sys
 from data_juicer_elastic.errors import UserError
-from data_juicer_elastic.job.layout import JobDir, Policy
+from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.job.manifest import Policy
 from data_juicer_elastic.merge import merge
 from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
 from data_juicer_elastic.worker.loop import run_worker

@@ -16,7 +16,8 @@ import pytest
 
 from data_juicer_elastic.errors import UserError
 from data_juicer_elastic.job.claims import claim_store
-from data_juicer_elastic.job.layout import JobDir, Policy
+from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.job.manifest import Policy
 from data_juicer_elastic.job.records import done as done_mod
 from data_juicer_elastic.merge import verify
 from data_juicer_elastic.prepare.driver import PrepareRequest, prepare

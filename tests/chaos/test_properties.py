@@ -17,7 +17,8 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from data_juicer_elastic.job.layout import JobDir, Policy
+from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.job.manifest import Policy
 from data_juicer_elastic.merge import merge
 from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
 from data_juicer_elastic.worker.loop import run_worker

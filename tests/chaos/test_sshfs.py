@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from data_juicer_elastic.job.claims import ClaimStore
-from data_juicer_elastic.job.layout import JobDir, Policy
+from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.job.manifest import Policy
 from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
 from data_juicer_elastic.storage.files import create_exclusive, publish_once, server_now
 

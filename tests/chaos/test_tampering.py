@@ -17,7 +17,8 @@ import pytest
 
 from data_juicer_elastic.cli import main as cli_main
 from data_juicer_elastic.errors import IntegrityError, UserError
-from data_juicer_elastic.job.layout import JobDir, Policy
+from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.job.manifest import Policy
 from data_juicer_elastic.job.records.failed import failure_message
 from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
 from data_juicer_elastic.storage.files import dumps_json
@@ -148,7 +149,7 @@ def _edit_manifest(job: JobDir, change, *, reseal: bool = False) -> None:
     raw = orjson.loads(job.manifest_path.read_bytes())
     change(raw)
     if reseal:  # a forger who recomputes the digest: the structural checks must still hold
-        from data_juicer_elastic.job.layout import manifest_digest
+        from data_juicer_elastic.job.manifest import manifest_digest
 
         raw["digest"] = manifest_digest(raw)
     job.manifest_path.write_bytes(dumps_json(raw))
