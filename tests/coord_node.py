@@ -27,6 +27,7 @@ from data_juicer_elastic.prepare.driver import PrepareRequest
 from data_juicer_elastic.worker.speculation import Speculation
 
 from . import runners
+from .chaos.killpoint import die_half_way_through_merges
 from .jobs import RECIPE
 
 
@@ -50,6 +51,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--mark-dir", default=None, help="make_runner leaves <host>-<pid> here")
     p.add_argument("--project", default=None, help="the recipe's project_name (a different recipe)")
     p.add_argument("--speculation-min-secs", type=float, default=None, help="speculation on with this minimum")
+    p.add_argument("--die-mid-merge", action="store_true", help="SIGKILL itself half way through its merge's copy")
     return p.parse_args(argv)
 
 
@@ -95,7 +97,10 @@ def build_spec(a: argparse.Namespace) -> JobSpec:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_job(build_spec(_args(argv)), log=lambda line: print(line, flush=True))
+    a = _args(argv)
+    if a.die_mid_merge:
+        die_half_way_through_merges()
+    return run_job(build_spec(a), log=lambda line: print(line, flush=True))
 
 
 if __name__ == "__main__":

@@ -242,6 +242,31 @@ def test_killed_prepare_coordinator_times_out_then_a_new_run_finishes(tmp_path):
     assert runs[0].prepared_by == f"{next(n.host for n in nodes if n.proc.pid == victim)} pid {victim}"
 
 
+def test_finalize_coordinator_killed_mid_merge_then_a_new_run_merges_once(tmp_path):
+    c = Cluster(tmp_path, rows=80, shards=8)
+    c.export.parent.mkdir()
+    # every node would die half way through a merge; only the finalize coordinator merges
+    nodes = c.start(["node-0", "node-1", "node-2"], "--die-mid-merge", "--wait-timeout", "3", run_id="first")
+    codes = sorted(n.wait(120) for n in nodes)
+    assert codes == [-signal.SIGKILL, 2, 2], [n.output for n in nodes]
+    [victim] = [n for n in nodes if n.proc.returncode == -signal.SIGKILL]
+    assert "elected as finalize coordinator" in victim.output
+    for n in nodes:
+        if n is not victim:
+            line = last_line(n)
+            assert "the finalize coordinator" in line and "heartbeat stopped" in line, line
+            assert f"pid={victim.proc.pid}" in line and "Submit the job again" in line, line
+    assert not c.export.exists(), "a partial merged output is visible"
+    assert os.listdir(c.export.parent), "killed before its merge made a temp file"  # the kill was inside the merge
+    before = attempt_outcomes(c.job)
+
+    again = c.start(["node-0", "node-1"], run_id="second")
+    assert finish(again) == [0, 0], [n.output for n in again]
+    assert c.export.read_bytes() == c.dataset.read_bytes()
+    assert attempt_outcomes(c.job) == before, "the new run redid shards"
+    assert count(again, "elected as finalize coordinator") == 1
+
+
 def test_two_ranks_on_one_host_run_one_claim_loop(tmp_path):
     c = Cluster(tmp_path, rows=80, shards=8)
     marks = tmp_path / "marks"

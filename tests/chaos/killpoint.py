@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from data_juicer_elastic import merge as merge_mod
-from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.job.layout import SHARD_ID_RE, JobDir
 from data_juicer_elastic.job.records import done as done_mod
 from data_juicer_elastic.worker import attempt as attempt_mod
 from data_juicer_elastic.worker.loop import run_worker
@@ -37,6 +37,20 @@ def _die() -> None:
 def _targeted(shard: str) -> bool:
     names = os.environ.get("DJE_TEST_DIE_SHARDS")
     return not names or shard in names.split(",")
+
+
+def die_half_way_through_merges() -> None:
+    """Any merge in this process SIGKILLs it once half the shards' outputs reached its temp file."""
+    copy_one = merge_mod._copy_one
+
+    def copy_then_die(done, writer, *args):
+        index, total = map(int, SHARD_ID_RE.match(done[0].shard).groups())
+        if index == total // 2:
+            writer._wait()  # the buffers already handed off reach the temp file
+            _die()
+        return copy_one(done, writer, *args)
+
+    merge_mod._copy_one = copy_then_die
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,16 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         job = JobDir(a.job_dir)
         if a.point == "copy":
-            copy_one, half, copied = merge_mod._copy_one, len(job.manifest().shards) // 2, []
-
-            def copy_then_die(done, writer, *args):
-                if len(copied) == half:
-                    writer._wait()  # the buffers already handed off reach the temp file
-                    _die()
-                copied.append(done)
-                return copy_one(done, writer, *args)
-
-            merge_mod._copy_one = copy_then_die
+            die_half_way_through_merges()
         else:
 
             def die_before_rename(tmp, out, overwrite):
