@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -27,7 +28,7 @@ from data_juicer_elastic.prepare.driver import PrepareRequest
 from data_juicer_elastic.worker.speculation import Speculation
 
 from . import runners
-from .chaos.killpoint import die_half_way_through_merges
+from .chaos.killpoint import signal_half_way_through_merges
 from .jobs import RECIPE
 
 
@@ -51,7 +52,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--mark-dir", default=None, help="make_runner leaves <host>-<pid> here")
     p.add_argument("--project", default=None, help="the recipe's project_name (a different recipe)")
     p.add_argument("--speculation-min-secs", type=float, default=None, help="speculation on with this minimum")
-    p.add_argument("--die-mid-merge", action="store_true", help="SIGKILL itself half way through its merge's copy")
+    p.add_argument("--signal-mid-merge", default=None, help="send itself this signal (KILL, TERM) half way through a merge")
     return p.parse_args(argv)
 
 
@@ -98,8 +99,8 @@ def build_spec(a: argparse.Namespace) -> JobSpec:
 
 def main(argv: list[str] | None = None) -> int:
     a = _args(argv)
-    if a.die_mid_merge:
-        die_half_way_through_merges()
+    if a.signal_mid_merge:
+        signal_half_way_through_merges(signal.Signals[f"SIG{a.signal_mid_merge}"])
     return run_job(build_spec(a), log=lambda line: print(line, flush=True))
 
 

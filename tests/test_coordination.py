@@ -242,22 +242,32 @@ def test_killed_prepare_coordinator_times_out_then_a_new_run_finishes(tmp_path):
     assert runs[0].prepared_by == f"{next(n.host for n in nodes if n.proc.pid == victim)} pid {victim}"
 
 
-def test_finalize_coordinator_killed_mid_merge_then_a_new_run_merges_once(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_finalize_coordinator_signalled_mid_merge_then_a_new_run_merges_once(tmp_path, sig):
     c = Cluster(tmp_path, rows=80, shards=8)
     c.export.parent.mkdir()
-    # every node would die half way through a merge; only the finalize coordinator merges
-    nodes = c.start(["node-0", "node-1", "node-2"], "--die-mid-merge", "--wait-timeout", "3", run_id="first")
+    # every node would be signalled half way through a merge; only the finalize coordinator merges
+    args = ("--signal-mid-merge", sig.name[3:], "--wait-timeout", "3")
+    nodes = c.start(["node-0", "node-1", "node-2"], *args, run_id="first")
     codes = sorted(n.wait(120) for n in nodes)
-    assert codes == [-signal.SIGKILL, 2, 2], [n.output for n in nodes]
-    [victim] = [n for n in nodes if n.proc.returncode == -signal.SIGKILL]
+    code = -sig if sig == signal.SIGKILL else 128 + sig
+    assert codes == sorted([code, 2, 2]), [n.output for n in nodes]
+    [victim] = [n for n in nodes if n.proc.returncode == code]
     assert "elected as finalize coordinator" in victim.output
     for n in nodes:
         if n is not victim:
             line = last_line(n)
-            assert "the finalize coordinator" in line and "heartbeat stopped" in line, line
-            assert f"pid={victim.proc.pid}" in line and "Submit the job again" in line, line
+            if sig == signal.SIGKILL:  # noticed when its heartbeat stops
+                assert "heartbeat stopped" in line and f"pid={victim.proc.pid}" in line, line
+            else:  # it says so itself
+                assert f"the finalize coordinator on host={victim.host} was interrupted" in line, line
+            assert "Submit the job again" in line or "submit the job again" in line, line
     assert not c.export.exists(), "a partial merged output is visible"
-    assert os.listdir(c.export.parent), "killed before its merge made a temp file"  # the kill was inside the merge
+    temps = os.listdir(c.export.parent)
+    if sig == signal.SIGKILL:
+        assert temps, "killed before its merge made a temp file"  # the kill was inside the merge
+    else:
+        assert temps == [], "an interrupted merge left its temp file"
     before = attempt_outcomes(c.job)
 
     again = c.start(["node-0", "node-1"], run_id="second")

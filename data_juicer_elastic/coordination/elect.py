@@ -22,8 +22,18 @@ from data_juicer_elastic.worker.signals import Interrupted, signals_raise_interr
 Log = Callable[[str], None]
 
 
-def coordinate(run: RunDir, role: str, work: Callable[[], Outcome], spec: JobSpec, log: Log) -> Outcome:
-    """Win ``role``'s election and publish ``work()``'s outcome, or wait for the winner's."""
+def coordinate(
+    run: RunDir,
+    role: str,
+    work: Callable[[], Outcome],
+    spec: JobSpec,
+    log: Log,
+    on_interrupted: Callable[[Outcome], object] | None = None,
+) -> Outcome:
+    """Win ``role``'s election and publish ``work()``'s outcome, or wait for the winner's.
+
+    ``on_interrupted`` sees the failure of a coordinator told to stop before the election publishes it.
+    """
     won, ballot = run.elect(f"{role}.coordinator.json")
     if not won:
         log(f"{role} coordinator is host={ballot.get('host')} pid={ballot.get('pid')}; waiting for it")
@@ -31,10 +41,12 @@ def coordinate(run: RunDir, role: str, work: Callable[[], Outcome], spec: JobSpe
     log(f"elected as {role} coordinator")
     interval = min(spec.poll_interval_secs, spec.timeout / 4)
     with LeaseRefresher(run.path(f"{role}.coordinator.json"), interval, log=log):
-        return run.publish(f"{role}.result.json", _work(run, role, work, log))
+        return run.publish(f"{role}.result.json", _work(run, role, work, log, on_interrupted))
 
 
-def _work(run: RunDir, role: str, work: Callable[[], Outcome], log: Log) -> Outcome:
+def _work(
+    run: RunDir, role: str, work: Callable[[], Outcome], log: Log, on_interrupted: Callable[[Outcome], object] | None
+) -> Outcome:
     """``work()``'s outcome, or a failed one naming what went wrong; an interruption is published, then raised."""
     try:
         with signals_raise_interrupted():
@@ -43,7 +55,10 @@ def _work(run: RunDir, role: str, work: Callable[[], Outcome], log: Log) -> Outc
         return Outcome(exc.exit_code, f"{role} failed on host={run.host}: {exc}")
     except Interrupted as exc:
         message = f"the {role} coordinator on host={run.host} was interrupted ({exc}); submit the job again"
-        run.publish(f"{role}.result.json", Outcome(EXIT_FAILED, message))
+        failed = Outcome(EXIT_FAILED, message, run.host, run.pid)
+        if on_interrupted is not None:
+            on_interrupted(failed)
+        run.publish(f"{role}.result.json", failed)
         raise
     except Exception as exc:  # a bug or an unexpected OS error: still tell the others
         log(traceback.format_exc())

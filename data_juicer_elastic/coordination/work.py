@@ -152,13 +152,21 @@ class AfterPrepare:
     # finalize -----------------------------------------------------------------------------------
     def finalize_phase(self) -> Outcome:
         """Merge the generation once: skip it when already merged, else stand in its finalize election."""
+        # the election's key first, then the checks: a merge that ends in between is seen by the check,
+        # one that ends after it has this key, so a process never stands in a second election for it; and a
+        # coordinator told to stop aborts the run before its round fails, so nobody of this run starts a second
+        election = finalize_round(self.job, self.spec.export_path, self.run.run_id, self.host)
         aborted = self.run.aborted()
         if aborted:
             return aborted
-        # the election's key first, then the check: a merge that ends in between is seen by the check,
-        # one that ends after it has this key, so a process never stands in a second election for it
-        election = finalize_round(self.job, self.spec.export_path, self.run.run_id, self.host)
-        outcome = self.already_merged() or coordinate(election, "finalize", self.do_finalize, self.spec, self.log)
+        outcome = self.already_merged() or coordinate(
+            election,
+            "finalize",
+            self.do_finalize,
+            self.spec,
+            self.log,
+            on_interrupted=lambda o: self.run.abort(o.message),
+        )
         return self.run.publish("finalize.result.json", outcome)  # what this run reports
 
     def already_merged(self) -> Outcome | None:

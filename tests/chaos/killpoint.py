@@ -39,18 +39,18 @@ def _targeted(shard: str) -> bool:
     return not names or shard in names.split(",")
 
 
-def die_half_way_through_merges() -> None:
-    """Any merge in this process SIGKILLs it once half the shards' outputs reached its temp file."""
+def signal_half_way_through_merges(signum: int = signal.SIGKILL) -> None:
+    """Any merge in this process sends it ``signum`` once half the shards' outputs reached its temp file."""
     copy_one = merge_mod._copy_one
 
-    def copy_then_die(done, writer, *args):
+    def copy_then_signal(done, writer, *args):
         index, total = map(int, SHARD_ID_RE.match(done[0].shard).groups())
         if index == total // 2:
             writer._wait()  # the buffers already handed off reach the temp file
-            _die()
+            os.kill(os.getpid(), signum)
         return copy_one(done, writer, *args)
 
-    merge_mod._copy_one = copy_then_die
+    merge_mod._copy_one = copy_then_signal
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         job = JobDir(a.job_dir)
         if a.point == "copy":
-            die_half_way_through_merges()
+            signal_half_way_through_merges()
         else:
 
             def die_before_rename(tmp, out, overwrite):
