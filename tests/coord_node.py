@@ -52,7 +52,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--mark-dir", default=None, help="make_runner leaves <host>-<pid> here")
     p.add_argument("--project", default=None, help="the recipe's project_name (a different recipe)")
     p.add_argument("--speculation-min-secs", type=float, default=None, help="speculation on with this minimum")
-    p.add_argument("--signal-mid-merge", default=None, help="send itself this signal (KILL, TERM) half way through a merge")
+    p.add_argument("--signal-mid-merge", default=None, help="signal itself (KILL, TERM) half way through a merge")
     return p.parse_args(argv)
 
 
