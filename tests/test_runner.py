@@ -62,11 +62,19 @@ def read(path: str) -> list[dict]:
         return [json.loads(line) for line in f]
 
 
+def ray_settings() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k.startswith("RAY_") or k == "PYTHONBREAKPOINT"}
+
+
 @pytest.fixture(scope="module")
 def runner():
+    before = ray_settings()
     r = RayShardRunner()
     yield r
     r.close()
+    # ray.init exported RAY_AUTH_MODE=token (and more); left there, the workers this process starts later
+    # could not take results from a cluster without token auth (test_warm_ops' logical-GPU head hung)
+    assert ray_settings() == before
 
 
 BASE_RECIPE = {

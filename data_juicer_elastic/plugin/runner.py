@@ -57,6 +57,7 @@ _DERIVED_FILES = {"event_log_file": "events.jsonl", "job_summary_file": "job_sum
 # --------------------------------------------------------------------------- Ray runtime
 _ray_lock = threading.Lock()
 _loaded_operator_paths: set[str] = set()
+_ray_env: dict[str, tuple[str | None, str | None]] = {}  # key -> (before start_ray, as starting Ray left it)
 
 
 def start_ray(address: str, py_modules: list[str] | None = None) -> bool:
@@ -65,12 +66,14 @@ def start_ray(address: str, py_modules: list[str] | None = None) -> bool:
     Workers get ``RAY_JOB=1`` (Data-Juicer's Ray mode) and the custom operator
     paths, as Data-Juicer's own ``initialize_ray`` would give them. Ray's
     SIGTERM handler does not replace the worker's while the worker's guard is
-    active (see ``interrupts``).
+    active (see ``interrupts``). What starting it sets in ``os.environ`` is
+    recorded for :func:`stop_ray` to undo.
     """
     import ray
     from data_juicer.utils.constant import RAY_JOB_ENV_VAR
     from data_juicer.utils.mm_utils import SPECIAL_TOKEN_ENV_PREFIX
 
+    before = dict(os.environ)
     os.environ[RAY_JOB_ENV_VAR] = "1"
     quiet_ray_console()
     with _ray_lock:
@@ -85,9 +88,36 @@ def start_ray(address: str, py_modules: list[str] | None = None) -> bool:
         if address in ("", LOCAL):
             address, kwargs["include_dashboard"] = LOCAL, False
         ray.init(address=address, **kwargs)
+        for key in before.keys() | os.environ.keys():
+            if before.get(key) != os.environ.get(key):
+                _ray_env[key] = (before.get(key), os.environ.get(key))
         reassert()  # Ray's native SIGTERM handler would abort the process 3 s after a stop signal
         route_ray_worker_logs()
         return True
+
+
+def stop_ray() -> None:
+    """Shut down the runtime :func:`start_ray` started and put back the ``os.environ`` it changed.
+
+    A local ``ray.init`` exports its runtime's settings, ``RAY_AUTH_MODE=token``
+    among them, and ``ray.shutdown`` leaves them. Every process started later
+    would inherit them: a worker joining a Ray cluster without token auth
+    then rejects the streamed results of its Ray Data tasks
+    (``InvalidAuthToken``) and waits on its first shard forever. A key changed
+    again since is left as it is.
+    """
+    import ray
+
+    ray.shutdown()
+    with _ray_lock:
+        for key, (old, set_by_ray) in _ray_env.items():
+            if os.environ.get(key) != set_by_ray:
+                continue
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+        _ray_env.clear()
 
 
 def configure_ray_data() -> None:
@@ -355,7 +385,5 @@ class RayShardRunner:
         for job in self._jobs.values():
             job.warm.close()
         if self._started_ray:
-            import ray
-
-            ray.shutdown()
+            stop_ray()
             self._started_ray = False
