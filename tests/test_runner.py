@@ -106,11 +106,47 @@ def test_shards_keep_row_order_and_write_only_inside_the_attempt(runner, tmp_pat
         assert all(r.get("score") == s.get("score") for r, s in zip(got, expected, strict=True))  # 4 == 4.0 holds
         adir = Path(output).parent
         assert sorted(p.name for p in adir.iterdir()) == ["ops.json", "process.log", "processed.jsonl", "work"]
+        assert op_counts(adir) == [(len(source), len(source), 0), (len(source), len(expected), 0)]
         log = (adir / "process.log").read_text()
         assert "ray_executor" in log and f"{shard}.jsonl" in log
     assert all(len(parts) > 1 for parts in parts_seen), [len(p) for p in parts_seen]
     assert sorted(p.name for p in job.iterdir()) == ["attempts", "recipe.yaml", "shards"]
     assert len(runner._jobs) == 1  # the recipe was parsed once for both shards
+
+
+def op_counts(adir: Path) -> list[tuple[int, int, int]]:
+    """(rows in, rows out, error rows) per op, from the attempt's ops.json; every op counted its own rows out."""
+    record = json.loads((adir / "ops.json").read_text())
+    assert all(o["counted"] for o in record["ops"]), record
+    return [(o["rows_in"], o["rows_out"], o["error_rows"]) for o in record["ops"]]
+
+
+@pytest.mark.slow
+def test_actor_mode_ops_count_their_rows_warm_and_cold(runner, tmp_path, monkeypatch):
+    """The Mapper's and the Filter's batches run in warm actors, then (no pool granted) in Ray Data's own."""
+    actors = {"ray_execution_mode": "actor", "num_proc": 1, "num_cpus": 0.25}
+    recipe = {
+        **BASE_RECIPE,
+        "process": [{"whitespace_normalization_mapper": actors}, {"text_length_filter": {"min_len": 12, **actors}}],
+    }
+    source = rows(0, 120)
+    kept = sum(len(r["text"].strip()) >= 12 for r in source)
+    job = make_job(tmp_path / "job", recipe, {"part-a": source})
+    shard_path, output = attempt(job, "part-a", 1)
+    warm = None
+    try:
+        runner(shard_path, output, str(job))
+        warm = runner._jobs[str(job)].warm
+        assert len(warm.pools) == 2
+        assert op_counts(Path(output).parent) == [(120, 120, 0), (120, kept, 0)]
+        monkeypatch.setattr(type(warm), "rewrite", lambda *_, **__: None)  # as when a pool would not fit
+        shard_path, output = attempt(job, "part-a", 2)
+        runner(shard_path, output, str(job))
+        assert op_counts(Path(output).parent) == [(120, 120, 0), (120, kept, 0)]
+        assert len(read(output)) == kept
+    finally:
+        if warm is not None:
+            warm.close()  # the module's other tests get the node's CPUs back
 
 
 @pytest.mark.slow

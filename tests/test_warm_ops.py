@@ -66,6 +66,15 @@ def outputs(job: JobDir) -> list[dict]:
     return rows
 
 
+def first_op_counts(job: JobDir) -> list[dict]:
+    """The first op's record in each done attempt's ops.json."""
+    ops = []
+    for shard in job.manifest().shards:
+        done = json.loads(job.done_path(shard.id).read_text())
+        ops.append(json.loads((job.root / done["output"]).parent.joinpath("ops.json").read_text())["ops"][0])
+    return ops
+
+
 def loads(path: Path) -> list[tuple[str, str]]:
     return [tuple(f"{line} ".split(" ")[:2]) for line in path.read_text().splitlines()]
 
@@ -91,6 +100,9 @@ def test_actor_mode_op_loads_once_per_actor_across_shards(tmp_path):
     rows = outputs(job)
     assert [r["id"] for r in rows] == list(range(ROWS))
     assert all(r["text_len"] == len(r["text"]) for r in rows)
+    ops = first_op_counts(job)
+    assert all(o["counted"] for o in ops)  # by the warm actors' op itself
+    assert sum(o["rows_in"] for o in ops) == sum(o["rows_out"] for o in ops) == ROWS
 
 
 def test_an_actor_dying_mid_shard_fails_that_attempt_and_is_replaced(tmp_path):

@@ -2,22 +2,14 @@
 
 Data-Juicer's RayExecutor counts nothing per op (its default executor logs
 "Left N samples"), and a ``.count()`` per op would run the pipeline again. So
-the counting rides along with the work itself:
+the ops' own batch calls count (count_hooks) into per-process counters in a
+node-local folder of the attempt (op_tally), and :func:`collect` sums them
+into ``ops.json`` in the attempt dir, which status, verify and the report read.
 
-- after each op a tiny ``map_batches`` step counts the rows of every block
-  that leaves the op; Ray fuses it into the op's own tasks, so it costs one
-  ``len`` and one short append per block, no extra pass;
-- with ``skip_op_error`` on (Data-Juicer's default), an op that raises on a
-  batch returns it empty and only logs the error. The op's process methods
-  are re-wrapped with Data-Juicer's own ``catch_map_*_exception`` around a
-  counter that notes the size of a batch that raised, so Data-Juicer's
-  semantics stay and the rows it dropped are counted. (Ops run in Ray actors
-  are built inside the actor from their class, so their errors show only as
-  rows in minus rows out.)
-
-Ray tasks append ``<kind> <op index> <rows>`` lines to files in a node-local
-folder (the runner and its Ray workers share the node); :func:`collect` sums
-them into ``ops.json`` in the attempt dir, which status, verify and the report read.
+Ops whose batches no hook sees (a Deduplicator or Pipeline runs its own Ray
+stages; an adaptive-batching actor is not an op class) get their rows out
+from their neighbours: the rows the next op counted in, or the shard's output
+rows for the last op; ``None`` where neither is known.
 """
 
 from __future__ import annotations
@@ -29,88 +21,42 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from data_juicer_elastic.plugin import op_tally
+from data_juicer_elastic.plugin.count_hooks import Target, count_op, planning
 from data_juicer_elastic.status import OPS_NAME
 from data_juicer_elastic.storage.files import dumps_json
 
-COUNT_ENV = "DJ_ELASTIC_COUNT_OPS"  # "0" turns the counting off (tests/benchmarks/bench_op_counts.py)
+COUNT_ENV = "DJ_ELASTIC_COUNT_OPS"  # "0" turns the counting off (tests/benchmarks/bench_op_counts_paired.py)
+_IN, _OUT, _ERR, _IN_CALLS, _OUT_CALLS = range(op_tally.WIDTH)
 
 
 def enabled() -> bool:
     return os.environ.get(COUNT_ENV, "1").strip() not in ("0", "false", "no")
 
 
-def _append(sink: str, kind: str, index: int, rows: int) -> None:
-    with open(os.path.join(sink, f"{os.getpid()}.txt"), "a", encoding="ascii") as f:
-        f.write(f"{kind} {index} {rows}\n")
-
-
-def _count_block(table: Any, *, sink: str, index: int) -> Any:
-    _append(sink, "out", index, table.num_rows)
-    return table
-
-
-def _rows_of(samples: Any) -> int:
-    """Rows of a batch (a dict of columns) or 1 for a single sample, as Data-Juicer hands them over."""
-    if isinstance(samples, dict) and samples:
-        first = next(iter(samples.values()))
-        if isinstance(first, list) and all(isinstance(v, list) and len(v) == len(first) for v in samples.values()):
-            return len(first)
-    return 1
-
-
-def _noting_errors(method: Any, sink: str, index: int) -> Any:
-    @functools.wraps(method)
-    def counted(samples: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return method(samples, *args, **kwargs)
-        except Exception:
-            _append(sink, "err", index, _rows_of(samples))
-            raise
-
-    return counted
-
-
-def count_op_errors(op: Any, sink: str, index: int) -> None:
-    """Re-wrap ``op``'s process methods so a batch removed by ``skip_op_error`` is counted."""
-    from data_juicer.ops.base_op import Filter, Mapper, catch_map_batches_exception, catch_map_single_exception
-
-    if not getattr(op, "skip_op_error", False) or not isinstance(op, (Mapper, Filter)):
-        return
-    batched = op.is_batched_op()
-    names = ("process",) if isinstance(op, Mapper) else ("compute_stats", "process")
-    for attr in names:
-        raw = getattr(op, f"{attr}_batched" if batched else f"{attr}_single", None)
-        if raw is None:
-            continue
-        inner = _noting_errors(raw, sink, index)
-        if batched:
-            wrapped = catch_map_batches_exception(inner, skip_op_error=True, op_name=op._name)
-        else:
-            keep = not (isinstance(op, Filter) and attr == "process")
-            wrapped = catch_map_single_exception(inner, return_sample=keep, skip_op_error=True, op_name=op._name)
-        setattr(op, attr, wrapped)
-
-
 @functools.cache
 def counting_dataset_class() -> type:
-    """A RayDataset whose ops count their rows into ``self.count_sink`` (set by the runner)."""
+    """A RayDataset whose Mappers and Filters count their rows into the folder given to ``count_into``."""
     from data_juicer.core.data.ray_dataset import RayDataset
+    from data_juicer.ops.base_op import Filter, Mapper
 
     class CountingRayDataset(RayDataset):
         count_sink: str | None = None
-        op_names: list[tuple[str, str]]
+        op_names: list[tuple[str, str]]  # (name, kind) per op index
+
+        def count_into(self, sink: str | None) -> None:
+            self.count_sink, self.op_names, self._targets = sink, [], {}
 
         def _run_single_op(self, op: Any, cached_columns: Any = None, tracer: Any = None, stats_only: bool = False):
-            sink = self.count_sink
-            if sink is None:
+            if self.count_sink is None:
                 return super()._run_single_op(op, cached_columns, tracer=tracer, stats_only=stats_only)
-            index = len(self.op_names)
-            self.op_names.append((op._name, _kind(op)))
-            count_op_errors(op, sink, index)
-            columns = super()._run_single_op(op, cached_columns, tracer=tracer, stats_only=stats_only)
-            counter = functools.partial(_count_block, sink=sink, index=index)
-            self.data = self.data.map_batches(counter, batch_format="pyarrow", zero_copy_batch=True, batch_size=None)
-            return columns
+            target = self._targets.get(id(op))  # Data-Juicer plans an op again without its runtime_env
+            if target is None:
+                target = self._targets[id(op)] = Target(self.count_sink, len(self.op_names))
+                self.op_names.append((op._name, _kind(op)))
+                count_op(op, target)
+            with planning(target if isinstance(op, (Mapper, Filter)) else None):
+                return super()._run_single_op(op, cached_columns, tracer=tracer, stats_only=stats_only)
 
     return CountingRayDataset
 
@@ -122,27 +68,42 @@ def _kind(op: Any) -> str:
 
 
 def new_sink() -> str:
-    """A node-local folder for one attempt's count lines."""
+    """A node-local folder for one attempt's counters."""
     return tempfile.mkdtemp(prefix="dje-ops-")
 
 
-def collect(sink: str, op_names: list[tuple[str, str]], rows_in: int, attempt_dir: Path) -> dict:
-    """Sum the count lines into ``<attempt>/ops.json`` and drop the sink; returns the record."""
-    out: dict[int, int] = {}
-    err: dict[int, int] = {}
-    for name in os.listdir(sink):
-        with open(os.path.join(sink, name), encoding="ascii") as f:
-            for line in f:
-                kind, index, rows = line.split()
-                target = out if kind == "out" else err
-                target[int(index)] = target.get(int(index), 0) + int(rows)
+def per_op(names: list[tuple[str, str]], counters: list[list[int]], rows_in: int, rows_out: int | None) -> list[dict]:
+    """One record per op: rows in (the rows the op before let out), rows out, rows its errors removed,
+    and whether its own calls counted its rows out (else they come from its neighbours)."""
+    counters = counters + [[0] * op_tally.WIDTH] * (len(names) - len(counters))
+    ops: list[dict] = []
+    rows: int | None = rows_in
+    for i, (name, kind) in enumerate(names):
+        mine, after = counters[i], counters[i + 1] if i + 1 < len(names) else None
+        if rows == 0:
+            out: int | None = 0
+        elif mine[_OUT_CALLS]:
+            out = mine[_OUT]
+        elif after is not None:
+            out = after[_IN] if after[_IN_CALLS] else None
+        else:
+            out = rows_out
+        counted = bool(mine[_OUT_CALLS])
+        ops.append(
+            {"op": name, "kind": kind, "rows_in": rows, "rows_out": out, "error_rows": mine[_ERR], "counted": counted}
+        )
+        rows = out
+    return ops
+
+
+def collect(sink: str, names: list[tuple[str, str]], rows_in: int, rows_out: int | None, attempt_dir: Path) -> dict:
+    """Sum the counters into ``<attempt>/ops.json`` and drop the folder; returns the record."""
+    counters = op_tally.read(sink)
     shutil.rmtree(sink, ignore_errors=True)
-    ops, rows = [], rows_in
-    for i, (name, kind) in enumerate(op_names):
-        rows_out = out.get(i, 0)
-        ops.append({"op": name, "kind": kind, "rows_in": rows, "rows_out": rows_out, "error_rows": err.get(i, 0)})
-        rows = rows_out
-    record = {"rows_in": rows_in, "rows_out": rows, "error_rows": sum(err.values()), "ops": ops}
+    ops = per_op(names, counters, rows_in, rows_out)
+    if rows_out is None:
+        rows_out = ops[-1]["rows_out"] if ops else rows_in
+    record = {"rows_in": rows_in, "rows_out": rows_out, "error_rows": sum(o["error_rows"] for o in ops), "ops": ops}
     # Whole or absent (temp name, then rename), but not fsynced: the worker copies rows_in and error_rows
     # into the done record, which is; this spares each shard one more fsync on a busy shared disk.
     tmp = attempt_dir / f".{OPS_NAME}.tmp"

@@ -355,12 +355,13 @@ class RayShardRunner:
             executor.datasetbuilder = loader = ShardLoader(executor.cfg, sink, attempt.data)
             with attempt.job.warm.active(attempt.cfg.work_dir):
                 dataset = executor.run()
+            rows = dataset.data.count() if dataset is not None else None
             if sink:
-                opcounts.collect(sink, loader.dataset.op_names, loader.rows_in, attempt.dir)
+                opcounts.collect(sink, loader.dataset.op_names, loader.rows_in, rows, attempt.dir)
         finally:
             if sink:
                 shutil.rmtree(sink, ignore_errors=True)
-        return dataset.data.count() if dataset is not None else None
+        return rows
 
     def finish(self, attempt: ShardAttempt) -> None:
         """Join Ray's part files, in order, into the attempt's output; check the row count."""

@@ -34,7 +34,7 @@ class ShardLoader:
 
     def __init__(self, cfg: Any, count_sink: str | None = None, data: Any = None) -> None:
         self.cfg = cfg
-        self.count_sink = count_sink  # see opcounts: per-op row counts land there
+        self.count_sink = count_sink  # see opcounts: the folder the ops' row counters live in
         self.data = data  # the shard already read (``read_shard``), e.g. while the previous shard ran
         self.dataset: Any = None
         self.rows_in = 0
@@ -45,7 +45,7 @@ class ShardLoader:
         data = self.data if self.data is not None else read_shard(self.cfg)
         self.rows_in = data.count()  # metadata of a materialised dataset: no pass over the rows
         self.dataset = counting_dataset_class()(data, dataset_path=self.cfg.dataset_path, cfg=self.cfg)
-        self.dataset.count_sink, self.dataset.op_names = self.count_sink, []
+        self.dataset.count_into(self.count_sink)
         return self.dataset
 
 

@@ -21,6 +21,10 @@ model once per shard. Here the op's actors are started once per job instead:
 * A router actor (async, no resources) sends each batch to the least busy
   actor of its pool, so the forwarding tasks never need to know which actor
   is free, and the pool's actors are used evenly whatever the block count.
+* The op counts its rows (plugin/count_hooks.py) as in a plain run: a warm
+  actor's op is wrapped once, and each batch says which attempt's counters
+  and which op index it counts into. An op that runs cold is built by
+  :class:`CountedOp` around its class for the same reason.
 * An actor that dies mid-shard fails the calls it had (the attempt fails and
   is retried by the claim loop) and the router replaces it at once with a new
   one built the same way, which loads its model again on first use.
@@ -45,6 +49,8 @@ from typing import Any
 
 import ray
 
+from data_juicer_elastic.plugin.count_hooks import CountedOp, Target, count_op, counted_actor, planned
+
 PER_ACTOR_DEFAULT_CPUS = 1.0  # what Ray Data reserves for a map actor that names no num_cpus
 FORWARD_TASKS_PER_ACTOR = 2  # in-flight batches per warm actor: the next one is queued while one runs
 _state = threading.local()  # .session: (WarmOps, work_dir, Counter) of the shard being planned here
@@ -58,11 +64,14 @@ class _WarmOp:
 
     def __init__(self, op_class: type, args: tuple, kwargs: dict) -> None:
         self.op = op_class(*args, **kwargs)
+        self.target = Target()  # re-aimed per batch: the attempt and op index its rows count for
+        count_op(self.op, self.target)
 
-    def process(self, batch: Any, work_dir: str | None) -> tuple[bool, Any]:
+    def process(self, batch: Any, work_dir: str | None, count: Target | None) -> tuple[bool, Any]:
         """What Ray Data's actor would do with the batch: call the op on it."""
         if work_dir is not None:
             self.op.work_dir = work_dir  # this attempt's work dir, as a cold actor would have it
+        self.target.sink, self.target.index = (count.sink, count.index) if count else (None, 0)
         return True, self.op(batch)
 
     def where(self) -> dict[str, Any]:
@@ -86,14 +95,14 @@ class _Router:
         self.busy = [0] * len(actors)
         self.next = 0  # ties go round the pool, so every actor gets work even one batch at a time
 
-    async def submit(self, refs: list[Any], work_dir: str | None) -> list[Any]:
+    async def submit(self, refs: list[Any], work_dir: str | None, count: Target | None) -> list[Any]:
         n = len(self.actors)
         i = min(((self.next + k) % n for k in range(n)), key=lambda j: self.busy[j])
         self.next = (i + 1) % n
         actor = self.actors[i]
         self.busy[i] += 1
         try:
-            done, out = actor.process.options(num_returns=2).remote(refs[0], work_dir)
+            done, out = actor.process.options(num_returns=2).remote(refs[0], work_dir, count)
             await done  # raises if the op raised or the actor died: the caller's task fails
         except ray.exceptions.RayActorError:
             self._replace(i, actor)
@@ -113,9 +122,9 @@ class _Router:
         return [a.where.remote() for a in self.actors]
 
 
-def forward_batch(batch: Any, *, router: Any, work_dir: str | None) -> Any:
+def forward_batch(batch: Any, *, router: Any, work_dir: str | None, count: Target | None) -> Any:
     """The stage that replaces an actor-mode op: the op's warm pool processes the batch."""
-    [out] = ray.get(router.submit.remote([ray.put(batch)], work_dir))
+    [out] = ray.get(router.submit.remote([ray.put(batch)], work_dir, count))
     return ray.get(out)
 
 
@@ -187,7 +196,9 @@ class WarmOps:
         finally:
             _state.session = None
 
-    def rewrite(self, op_class: type, kw: dict[str, Any], work_dir: str | None, seen: Counter) -> dict | None:
+    def rewrite(
+        self, op_class: type, kw: dict[str, Any], work_dir: str | None, seen: Counter, count: Target | None
+    ) -> dict | None:
         """map_batches keywords that send the op's batches to its warm pool; None: run it cold."""
         sig = _signature(op_class, kw)
         key = (sig, seen[sig])
@@ -199,7 +210,7 @@ class WarmOps:
             return None
         new = {k: v for k, v in kw.items() if k in ("batch_size", "batch_format", "zero_copy_batch")}
         new.update(
-            fn_kwargs={"router": pool.router, "work_dir": work_dir},
+            fn_kwargs={"router": pool.router, "work_dir": work_dir, "count": count},
             compute=ray.data.TaskPoolStrategy(size=FORWARD_TASKS_PER_ACTOR * pool.size),
             num_cpus=0,
         )
@@ -262,9 +273,12 @@ def _map_batches(self: Any, fn: Any, *args: Any, **kw: Any) -> Any:
     actor_pool = isinstance(kw.get("compute"), ray.data.ActorPoolStrategy)
     if session is not None and not args and actor_pool and _is_op_class(fn):
         warm, work_dir, seen = session
-        new = warm.rewrite(fn, kw, work_dir, seen)
+        count = planned()
+        new = warm.rewrite(fn, kw, work_dir, seen, count)
         if new is not None:
             return _original_map_batches(self, forward_batch, **new)
+        if count is not None:
+            fn, kw = CountedOp, counted_actor(fn, kw, count)
     return _original_map_batches(self, fn, *args, **kw)
 
 

@@ -42,7 +42,7 @@ def timed_run(runner: RayShardRunner, job: JobDir, sid: str, tag: str, counting:
     adir = job.root / "bench" / sid / tag
     adir.mkdir(parents=True)
     t0 = time.perf_counter()
-    runner.run(str(job.shard_file(sid)), str(adir / "processed.jsonl"), str(job.root))
+    runner.run(str(job.shard_file(sid)), str(adir / "processed.jsonl"), str(job.gen_dir))  # names the generation
     seconds = time.perf_counter() - t0
     if (adir / "ops.json").exists() != counting:
         sys.exit(f"{sid} {tag}: ops.json {'missing' if counting else 'written'}")
