@@ -60,6 +60,12 @@ _loaded_operator_paths: set[str] = set()
 _ray_env: dict[str, tuple[str | None, str | None]] = {}  # key -> (before start_ray, as starting Ray left it)
 
 
+# Ray kills an idle worker process above its soft limit (one per CPU) after 1 s. Between two shards each
+# shard's read, forward and write tasks then start new worker processes (about 1-2 s each on a busy node),
+# which was most of a warm shard's time; a local runtime keeps them for a minute instead.
+IDLE_WORKER_KEEP_MS = 60_000
+
+
 def start_ray(address: str, py_modules: list[str] | None = None) -> bool:
     """Start (``local``) or join the node-local Ray runtime once; True if this call started it.
 
@@ -87,6 +93,7 @@ def start_ray(address: str, py_modules: list[str] | None = None) -> bool:
         kwargs: dict[str, Any] = {"runtime_env": runtime_env}
         if address in ("", LOCAL):
             address, kwargs["include_dashboard"] = LOCAL, False
+            kwargs["_system_config"] = {"idle_worker_killing_time_threshold_ms": IDLE_WORKER_KEEP_MS}
         ray.init(address=address, **kwargs)
         for key in before.keys() | os.environ.keys():
             if before.get(key) != os.environ.get(key):
