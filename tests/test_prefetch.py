@@ -6,6 +6,8 @@ import os
 import signal
 
 from data_juicer_elastic.job.claims import RELEASED_MTIME
+from data_juicer_elastic.worker.loop import run_worker
+from data_juicer_elastic.worker.signals import Interrupted
 from tests.jobs import attempt_outcomes, make_job, spawn_worker, wait_for
 
 
@@ -32,6 +34,28 @@ def test_sigterm_releases_the_running_and_the_prefetched_lease(tmp_path):
     outcomes = attempt_outcomes(job)
     assert sorted(v for o in outcomes.values() for v in o) == ["interrupted", "interrupted"], outcomes
     assert not job.done_ids(), first
+
+
+class _StopInFirstLoad:
+    """A staged runner stopped while its first load (which starts Ray in the real runner) runs in the main thread."""
+
+    def load(self, shard: str, output: str, job_dir: str) -> None:
+        raise Interrupted(signal.SIGHUP)  # what the guard's handler raises there
+
+    def process(self, loaded: None) -> None:
+        raise AssertionError("never reached")
+
+    def finish(self, processed: None) -> None:
+        raise AssertionError("never reached")
+
+
+def test_a_stop_during_the_first_load_releases_its_lease(tmp_path):
+    job = make_job(tmp_path, rows=20, shards=2)
+    result = run_worker(job.root, _StopInFirstLoad(), prefetch=1, log=lambda *_: None)
+    assert result.exit_code == 128 + signal.SIGHUP, result
+    leases = _leases(job)
+    assert len(leases) == 1 and os.lstat(job.claims_dir / leases[0]).st_mtime <= RELEASED_MTIME, leases
+    assert [v for o in attempt_outcomes(job).values() for v in o] == ["interrupted"]
 
 
 def test_max_shards_counts_the_claims_made_ahead(tmp_path):

@@ -157,12 +157,7 @@ def test_sigterm_while_waiting_and_mid_shard_releases_and_exits_143(tmp_path):
     finish(recipe, tmp_path)
 
 
-@pytest.mark.xfail(
-    reason="known on the merged tree: SIGHUP during Ray start-up did not end dj-process on the merged tree (issue 14); not run so CI does not wait on it",  # noqa: E501
-    run=False,
-    strict=False,
-)
-@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGINT, signal.SIGTERM])
 def test_stop_signal_during_ray_startup_exits_128_plus_n(tmp_path, sig):
     recipe = slow_job(tmp_path)
     job = tmp_path / "job"

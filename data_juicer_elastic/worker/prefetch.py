@@ -43,7 +43,7 @@ from data_juicer_elastic.worker.disk_full import NoSpace, give_back
 from data_juicer_elastic.worker.fencing import Fenced
 from data_juicer_elastic.worker.loop import Worker, WorkerResult
 from data_juicer_elastic.worker.outputs import inspect_output
-from data_juicer_elastic.worker.signals import Interrupted, signals_raise_interrupted
+from data_juicer_elastic.worker.signals import Interrupted, received, signals_raise_interrupted
 
 DEFAULT_PREFETCH = 1
 
@@ -66,12 +66,16 @@ class Stages:
 class StagedAttempt(Attempt):
     """One attempt split into open (+ load), process and finish; each step is the claim loop's own."""
 
-    def open(self, stages: Stages, in_background: bool) -> bool:
-        """Folder, record, heartbeat, shard check, then the load; False if the attempt already ended."""
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self.outcome: str | None = None
         self.lock = threading.Lock()
+        self.beat: Any = None  # the lease's refresher, from open() on
         self.processing = (0.0, 0.0)  # monotonic start and end of the process stage
         self.running = False  # in the process stage now: only then may a lost race stop the runner
+
+    def open(self, stages: Stages, in_background: bool) -> bool:
+        """Folder, record, heartbeat, shard check, then the load; False if the attempt already ended."""
         self._make_folder()
         self._save()
         self.log(f"claimed {self.name}{claim_note(self.job, self.lease.shard, self.lease.attempt)}")
@@ -111,6 +115,8 @@ class StagedAttempt(Attempt):
         except Interrupted:
             raise
         except Exception as exc:  # the runner's failure fails the attempt, not the worker
+            if (signum := received()) is not None:  # the runner wrapped our Interrupted in its own error
+                raise Interrupted(signum) from exc
             if full := disk_full_in(exc):
                 error = give_back(self.job, self.store, self.lease, self.record, NoSpace(self.output, full), self.log)
                 raise error from exc
@@ -158,7 +164,8 @@ class StagedAttempt(Attempt):
             if self.outcome is not None:
                 return
             self.outcome = outcome
-        self.beat.__exit__(None, None, None)
+        if self.beat is not None:  # None: stopped before open() started it
+            self.beat.__exit__(None, None, None)
         try:
             self._end(outcome, error)
         except OSError:
@@ -266,8 +273,12 @@ class PrefetchWorker(Worker):
             self.claimed += 1
             final = self._last_claim(len(result.completed) + self._unfinished())
             attempt = self.new_attempt(StagedAttempt, lease, final)
-            if not self._open(attempt):
-                continue
+            try:
+                if not self._open(attempt):
+                    continue
+            except Interrupted:  # the first load runs in the main thread, where no list holds the attempt yet
+                attempt.abandon("interrupted")
+                raise
             with self._lock:
                 if not self.stopping.is_set():
                     self.waiting.append(attempt)
