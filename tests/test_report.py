@@ -86,8 +86,9 @@ def expected_outcomes(job: JobDir, killed_host: str) -> dict[tuple[str, int], st
     return want
 
 
-def run_nodes(tmp: Path) -> tuple[JobDir, list[subprocess.Popen]]:
-    """Three nodes of one run: node-c hangs in its first shard and is killed; node-a and node-b finish."""
+def run_nodes(tmp: Path) -> tuple[JobDir, list[str], list[subprocess.Popen]]:
+    """Three nodes of one run: node-c hangs in its first shard and is killed; node-a and node-b finish,
+    failing the first attempt of two shards (returned)."""
     dataset = write_corpus(tmp / "input" / "data.jsonl", 480)
     job = JobDir(tmp / "job")
 
@@ -104,13 +105,17 @@ def run_nodes(tmp: Path) -> tuple[JobDir, list[subprocess.Popen]]:
     wait_for(lambda: any(job.attempts_dir.glob("*/*/started")), timeout=120)
     os.killpg(hung.pid, signal.SIGKILL)
     hung.wait()
-    fail_once = "part-00003-of-00012,part-00008-of-00012"
-    return job, [node(h, DJE_TEST_FAIL_ONCE=fail_once, DJE_TEST_UNIT="0.3") for h in ("node-a", "node-b")]
+    # node-c scans from an offset of its own and may have held any shard (a prefetch too): the injected
+    # failures go to two shards whose first attempt node-a or node-b will make.
+    held = {d.name for d in job.attempts_dir.iterdir()}
+    fail_once = [s.id for s in job.manifest().shards if s.id not in held][1::5][:2]
+    env = {"DJE_TEST_FAIL_ONCE": ",".join(fail_once), "DJE_TEST_UNIT": "0.3"}
+    return job, fail_once, [node(h, **env) for h in ("node-a", "node-b")]
 
 
 def test_report_of_a_real_job_in_chromium(tmp_path):
     chromium()
-    job, nodes = run_nodes(tmp_path)
+    job, fail_once, nodes = run_nodes(tmp_path)
     try:
         codes = [n.wait(timeout=240) for n in nodes]
     finally:
@@ -135,7 +140,9 @@ def test_report_of_a_real_job_in_chromium(tmp_path):
     want = expected_outcomes(job, "node-c")
     assert parser.bars == want
     assert sorted(set(want.values())) == ["done", "failed", "lost"], want  # a killed node and retried shards
-    assert "injected first-attempt failure for part-00003-of-00012" in dom
+    assert len(fail_once) == 2 and {k[0] for k, v in want.items() if v == "failed"} == set(fail_once), want
+    for shard in fail_once:
+        assert f"injected first-attempt failure for {shard}" in dom
     assert "every_other_row_filter" in dom  # the op table, from each shard's ops.json
 
     shot = Path(os.environ.get("DJE_REPORT_SCREENSHOT") or tmp_path / "report.png")
