@@ -181,12 +181,18 @@ class AfterPrepare:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.get("finished_at", 0)))
         return Outcome(
             EXIT_OK,
-            f"{len(record['shards'])} shards completed by {len(hosts)} host(s): {listing}; {record['rows']} rows "
+            f"{len(record['shards'])} shards completed by {len(hosts)} host(s){self.expected(hosts)}: {listing}; "
+            f"{record['rows']} rows "
             f"merged into {record['output']} (already merged from these done records at {when}; nothing rewritten)",
             self.host,
             self.run.pid,
             hosts,
         )
+
+    def expected(self, hosts: dict[str, int]) -> str:
+        """How many of the expected nodes did work, in both PASS lines (a process of the run that merged may
+        see the merge record before the coordinator's own result is published, and publish its line first)."""
+        return f" ({len(hosts)} of {self.spec.nodes} expected nodes)" if self.spec.nodes else ""
 
     def write_report(self) -> None:
         """The job report in the job dir; a report that cannot be written never fails the job."""
@@ -210,10 +216,9 @@ class AfterPrepare:
         merged = merge(self.job, self.spec.export_path, overwrite=self.spec.overwrite_output, log=self.log)
         self.write_report()
         dropped = describe_error_rows(error_rows_by_shard(self.job))
-        expected = f" ({len(hosts)} of {self.spec.nodes} expected nodes)" if self.spec.nodes else ""
         return Outcome(
             EXIT_OK,
-            f"{merged.shards} shards completed by {len(hosts)} host(s){expected}: {listing}; "
+            f"{merged.shards} shards completed by {len(hosts)} host(s){self.expected(hosts)}: {listing}; "
             f"{merged.rows} rows merged into {merged.output}" + (f"; {dropped}" if dropped else ""),
             self.host,
             self.run.pid,
