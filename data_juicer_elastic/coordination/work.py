@@ -177,22 +177,16 @@ class AfterPrepare:
         hosts: dict[str, int] = {}
         for shard in record["shards"]:
             hosts[shard["host"]] = hosts.get(shard["host"], 0) + 1
-        listing = ", ".join(f"{h}={n}" for h, n in sorted(hosts.items()))
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.get("finished_at", 0)))
-        return Outcome(
-            EXIT_OK,
-            f"{len(record['shards'])} shards completed by {len(hosts)} host(s){self.expected(hosts)}: {listing}; "
-            f"{record['rows']} rows "
-            f"merged into {record['output']} (already merged from these done records at {when}; nothing rewritten)",
-            self.host,
-            self.run.pid,
-            hosts,
-        )
+        note = f" (already merged from these done records at {when}; nothing rewritten)"
+        return self.passed(len(record["shards"]), hosts, record["rows"], record["output"], note)
 
-    def expected(self, hosts: dict[str, int]) -> str:
-        """How many of the expected nodes did work, in both PASS lines (a process of the run that merged may
-        see the merge record before the coordinator's own result is published, and publish its line first)."""
-        return f" ({len(hosts)} of {self.spec.nodes} expected nodes)" if self.spec.nodes else ""
+    def passed(self, shards: int, hosts: dict[str, int], rows: int, output: str, note: str) -> Outcome:
+        """The run's PASS line, one wording whether this process merged or found the merge done (a process of
+        the merging run may see the merge record and publish before the coordinator does)."""
+        expected = f" ({len(hosts)} of {self.spec.nodes} expected nodes)" if self.spec.nodes else ""
+        message = f"{shards} shards completed by {len(hosts)} host(s){expected}: {_listing(hosts)}; "
+        return Outcome(EXIT_OK, f"{message}{rows} rows merged into {output}{note}", self.host, self.run.pid, hosts)
 
     def write_report(self) -> None:
         """The job report in the job dir; a report that cannot be written never fails the job."""
@@ -209,21 +203,17 @@ class AfterPrepare:
         nodes = self.spec.nodes if self.spec.require_all_nodes else None
         report = verify(self.job, expect_nodes=nodes, check_content=False)
         hosts = dict(report.hosts)
-        listing = ", ".join(f"{h}={n}" for h, n in sorted(hosts.items()))
-        self.log(f"completion hosts: {listing}")
+        self.log(f"completion hosts: {_listing(hosts)}")
         if not report.ok or not report.complete:
             raise IntegrityError("verify refused the job: " + "; ".join(report.problems or ["incomplete"]))
         merged = merge(self.job, self.spec.export_path, overwrite=self.spec.overwrite_output, log=self.log)
         self.write_report()
         dropped = describe_error_rows(error_rows_by_shard(self.job))
-        return Outcome(
-            EXIT_OK,
-            f"{merged.shards} shards completed by {len(hosts)} host(s){self.expected(hosts)}: {listing}; "
-            f"{merged.rows} rows merged into {merged.output}" + (f"; {dropped}" if dropped else ""),
-            self.host,
-            self.run.pid,
-            hosts,
-        )
+        return self.passed(merged.shards, hosts, merged.rows, merged.output, f"; {dropped}" if dropped else "")
+
+
+def _listing(hosts: dict[str, int]) -> str:
+    return ", ".join(f"{h}={n}" for h, n in sorted(hosts.items()))
 
 
 def _any_live(store: ClaimStore, done: set[str]) -> bool:
