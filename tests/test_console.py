@@ -99,3 +99,15 @@ def test_full_console_is_one_switch_away(tmp_path):
     console = out.stdout + out.stderr
     assert out.returncode == 0, console[-5000:]
     assert "EVENT[" in console and "Configuration table" in console
+
+
+def test_ray_worker_lines_arriving_after_their_attempt_go_to_its_log(tmp_path):
+    """Ray forwards worker output late: a line after the attempt ended lands in that attempt's log."""
+    from data_juicer_elastic.plugin import console
+
+    first = tmp_path / "first.log"
+    with console.attempt_log(first):
+        console._worker_lines_to_attempt_log({"pid": 7, "lines": ["while it ran"]})
+    console._worker_lines_to_attempt_log({"pid": 7, "lines": ["after it ended"]})
+    text = first.read_text()
+    assert "while it ran" in text and "(ray worker pid=7) after it ended" in text, text

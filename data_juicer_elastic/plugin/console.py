@@ -32,6 +32,9 @@ _seen: set[str] = set()
 _seen_lock = threading.Lock()
 _installed = {"loguru": False}
 _attempt_logs: list[Path] = []  # the log of the attempt running now (Ray's worker output goes there)
+# Ray forwards worker output from its log files a second or more late: a line that arrives when no attempt
+# runs goes to the log of the attempt that ended last (the one it most likely belongs to), not nowhere.
+_ended_log: list[Path] = []
 
 
 def console_mode(configured: str | None = None) -> str:
@@ -129,14 +132,15 @@ def route_ray_worker_logs() -> None:
 
 
 def _worker_lines_to_attempt_log(data: dict) -> None:
-    if not _attempt_logs:
+    logs = _attempt_logs or _ended_log
+    if not logs:
         return
     who = f"({data.get('task_name') or data.get('actor_name') or 'ray worker'} pid={data.get('pid')})"
     try:
-        with open(_attempt_logs[-1], "a", encoding="utf-8") as f:
+        with open(logs[-1], "a", encoding="utf-8") as f:
             f.writelines(f"{who} {line}\n" for line in data.get("lines", []))
     except OSError:
-        pass  # the attempt ended meanwhile: its log is closed
+        pass  # its folder is gone (an attempt given back) or unwritable: the line is Ray's session log only
 
 
 @contextmanager
@@ -157,6 +161,7 @@ def attempt_log(path: Path, level: str = "INFO") -> Iterator[None]:
         yield
     finally:
         _attempt_logs.remove(path)
+        _ended_log[:] = [path]
         for lg in ray_loggers:
             lg.removeHandler(handler)
         handler.close()

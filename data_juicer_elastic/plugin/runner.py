@@ -115,6 +115,7 @@ def stop_ray() -> None:
     """
     import ray
 
+    _let_ray_data_executors_end()
     ray.shutdown()
     with _ray_lock:
         for key, (old, set_by_ray) in _ray_env.items():
@@ -125,6 +126,15 @@ def stop_ray() -> None:
             else:
                 os.environ[key] = old
         _ray_env.clear()
+
+
+def _let_ray_data_executors_end(timeout: float = 10.0) -> None:
+    """A failed execution waits only 2 s for its executor thread; one still dispatching when ``ray.shutdown``
+    runs makes Ray's core worker end the process (exit 1 instead of the worker's own code and FAIL line)."""
+    deadline = time.monotonic() + timeout
+    for thread in threading.enumerate():
+        if thread.name.startswith("StreamingExecutor-") and thread is not threading.current_thread():
+            thread.join(max(deadline - time.monotonic(), 0.0))
 
 
 def configure_ray_data() -> None:
