@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 
+from data_juicer_elastic.errors import PermanentError
 from data_juicer_elastic.job.claims import RELEASED_MTIME
 from data_juicer_elastic.worker.loop import run_worker
 from data_juicer_elastic.worker.signals import Interrupted
@@ -56,6 +59,44 @@ def test_a_stop_during_the_first_load_releases_its_lease(tmp_path):
     leases = _leases(job)
     assert len(leases) == 1 and os.lstat(job.claims_dir / leases[0]).st_mtime <= RELEASED_MTIME, leases
     assert [v for o in attempt_outcomes(job).values() for v in o] == ["interrupted"]
+
+
+class _FailFirstWhileNextLoads:
+    """The first shard fails for good while the next one's load, in the background, is still running."""
+
+    def __init__(self) -> None:
+        self.loads_running = 0
+        self.loads = 0
+        self.lock = threading.Lock()
+
+    def load(self, shard: str, output: str, job_dir: str) -> str:
+        with self.lock:
+            self.loads_running += 1
+            self.loads += 1
+            first = self.loads == 1
+        try:
+            if not first:
+                time.sleep(3)  # the real runner reads the shard into Ray here
+        finally:
+            with self.lock:
+                self.loads_running -= 1
+        return shard
+
+    def process(self, shard: str) -> None:
+        raise PermanentError(f"{shard}: a row every attempt refuses")
+
+    def finish(self, processed: None) -> None:
+        raise AssertionError("never reached")
+
+
+def test_a_worker_ending_lets_background_loads_end_before_its_runner_closes(tmp_path):
+    """The runner is closed when the worker returns; a load still in Ray when Ray shut down made Ray end
+    dj-process with exit 1 instead of 2."""
+    job = make_job(tmp_path, rows=20, shards=2)
+    runner = _FailFirstWhileNextLoads()
+    result = run_worker(job.root, runner, prefetch=1, log=lambda *_: None)
+    assert result.exit_code == 2, result
+    assert runner.loads == 2 and runner.loads_running == 0, "the worker returned while a shard was still loading"
 
 
 def test_max_shards_counts_the_claims_made_ahead(tmp_path):

@@ -46,6 +46,10 @@ from data_juicer_elastic.worker.outputs import inspect_output
 from data_juicer_elastic.worker.signals import Interrupted, received, signals_raise_interrupted
 
 DEFAULT_PREFETCH = 1
+# How long a stopping worker waits for shard loads still running in the background. The runner is closed
+# after the worker returns; a load still in Ray then touches a shut-down runtime, and Ray's core worker
+# ends the whole process (exit 1, not the worker's own code).
+LOAD_SETTLE_SECS = 60.0
 
 
 @dataclass
@@ -190,6 +194,7 @@ class PrefetchWorker(Worker):
         self._lock = threading.Lock()  # stopping vs. a claim made ahead in another thread
         self._ahead: Future | None = None  # that claim
         self._last_scan: tuple[set[str], set[str]] = (set(), set())
+        self._loads: list[Future] = []  # loads started in the background and maybe not finished
 
     def backlog(self) -> float:
         """Seconds before this worker could start a shard it claimed now."""
@@ -214,7 +219,19 @@ class PrefetchWorker(Worker):
             except ElasticError as exc:  # a full disk during an attempt, a tampered job dir
                 self._abandon("no-space" if "no space left" in str(exc) else "interrupted")
                 result.exit_code, result.message = exc.exit_code, str(exc)
+            finally:
+                self._let_loads_end()
         return result
+
+    def _let_loads_end(self) -> None:
+        """Wait (bounded) for loads of abandoned attempts: nothing may use the runner after it closes."""
+        deadline = time.monotonic() + LOAD_SETTLE_SECS
+        for load in list(self._loads):
+            try:
+                load.exception(timeout=max(deadline - time.monotonic(), 0.0))
+            except TimeoutError:
+                self.log("a shard load still runs in the background; closing the runner anyway")
+                return
 
     def _loop(self, result: WorkerResult) -> None:
         while True:
@@ -296,6 +313,8 @@ class PrefetchWorker(Worker):
             raise
         # The first load runs in this thread: a runner may start its runtime (Ray) on it.
         self._loaded_once = True
+        if opened:
+            self._loads = [f for f in self._loads if not f.done()] + [attempt.loaded]
         return opened
 
     def _idle(self, result: WorkerResult) -> bool:
