@@ -1,13 +1,16 @@
 """B7 (warm models across shards) and B8 (idle gap between shards).
 
-    python tests/benchmarks/bench_warm.py b7 [--rounds 1] [--rows 16000] [--shards 8] [--load-secs 3]
+    python tests/benchmarks/bench_warm.py b7 [--rounds 1] [--rows 16000] [--shards 8] [--load-secs 3] [--baseline DIR]
     python tests/benchmarks/bench_warm.py b8 [--rows 200000] [--shards 16]
 
 B7: a model-backed op (tests/ops/slow_model_ops.py: its "model" loads in
 ``--load-secs`` on first use and records each load), ``ray_execution_mode:
 actor``, ``num_proc: 1``, over ``--rows`` rows: ``dj-process`` with
 elastic_shard (``--shards`` shards, one node) against plain ``executor_type:
-ray``, each a fresh subprocess with its own Ray, alternating which goes first.
+ray``, each a fresh subprocess with its own Ray, each going first in turn.
+``--baseline DIR`` adds a third run per round, the elastic executor of the
+checkout at DIR (e.g. a ``git worktree`` of an earlier commit), so before and
+after are measured side by side on the same machine state.
 Prints wall times, the ratio elastic/ray (target <= 1.10) and the model loads
 of each run (target: elastic loads == the op's concurrency, 1).
 
@@ -59,8 +62,10 @@ def _op(loads: Path, load_secs: float) -> dict:
     }
 
 
-def _dj_process(config: Path, log: Path) -> float:
+def _dj_process(config: Path, log: Path, pythonpath: str | None = None) -> float:
     env = {**os.environ, **OFFLINE}
+    if pythonpath:  # the elastic executor of another checkout (its package shadows the installed one)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, env.get("PYTHONPATH")) if p)
     t0 = time.perf_counter()
     with open(log, "w") as out:
         code = subprocess.run([DJ_PROCESS, "--config", str(config)], env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -73,10 +78,11 @@ def _dj_process(config: Path, log: Path) -> float:
 def b7(a: argparse.Namespace, tmp: Path) -> bool:
     data = tmp / "input.jsonl"
     generate(data, a.rows)
-    walls: dict[str, list[float]] = {"elastic": [], "ray": []}
-    loads: dict[str, list[int]] = {"elastic": [], "ray": []}
+    kinds = ["elastic", "ray"] + (["baseline"] if a.baseline else [])
+    walls: dict[str, list[float]] = {k: [] for k in kinds}
+    loads: dict[str, list[int]] = {k: [] for k in kinds}
     for r in range(a.rounds):
-        for kind in ("elastic", "ray") if r % 2 == 0 else ("ray", "elastic"):
+        for kind in kinds[r % len(kinds) :] + kinds[: r % len(kinds)]:  # each kind goes first in turn
             run = tmp / f"{kind}-{r}"
             run.mkdir()
             record = run / "loads.txt"
@@ -87,28 +93,36 @@ def b7(a: argparse.Namespace, tmp: Path) -> bool:
                 "custom_operator_paths": [str(OPS)],
                 "process": [_op(record, a.load_secs)],
             }
-            if kind == "elastic":
+            if kind == "ray":
+                recipe.update(executor_type="ray", ray_address="local")
+            else:
                 recipe.update(
                     executor_type="elastic_shard", elastic_shard={"job_dir": str(run / "job"), "num_shards": a.shards}
                 )
-            else:
-                recipe.update(executor_type="ray", ray_address="local")
             config = run / "recipe.yaml"
             config.write_text(yaml.safe_dump(recipe))
-            wall = _dj_process(config, run / "log.txt")
+            wall = _dj_process(config, run / "log.txt", a.baseline if kind == "baseline" else None)
             rows = count_rows(run / "out.jsonl")
             if rows != a.rows:
                 sys.exit(f"{kind} round {r}: {rows} output rows, expected {a.rows}")
             walls[kind].append(wall)
             loads[kind].append(len(record.read_text().splitlines()))
-            print(f"round {r} {kind:7s} wall {wall:6.1f}s model loads {loads[kind][-1]}", flush=True)
+            print(f"round {r} {kind:8s} wall {wall:6.1f}s model loads {loads[kind][-1]}", flush=True)
     ratio = statistics.median(walls["elastic"]) / statistics.median(walls["ray"])
     ok = ratio <= B7_TARGET and all(n == 1 for n in loads["elastic"])
+    pairs = statistics.median(e / r for e, r in zip(walls["elastic"], walls["ray"], strict=True))
     print(
-        f"B7 elastic/ray wall {ratio:.2f} (target <= {B7_TARGET}); median elastic {statistics.median(walls['elastic']):.1f}s, "
-        f"ray {statistics.median(walls['ray']):.1f}s; model loads elastic {loads['elastic']} ray {loads['ray']} "
-        f"(target: elastic == 1) -> {'PASS' if ok else 'FAIL'}"
+        f"B7 elastic/ray wall {ratio:.2f} (target <= {B7_TARGET}; median of rounds {pairs:.2f}); median elastic "
+        f"{statistics.median(walls['elastic']):.1f}s, ray {statistics.median(walls['ray']):.1f}s; model loads "
+        f"elastic {loads['elastic']} ray {loads['ray']} (target: elastic == 1) -> {'PASS' if ok else 'FAIL'}"
     )
+    if a.baseline:
+        base = statistics.median(walls["baseline"]) / statistics.median(walls["ray"])
+        base_pairs = statistics.median(b / r for b, r in zip(walls["baseline"], walls["ray"], strict=True))
+        print(
+            f"baseline ({a.baseline}) elastic/ray wall {base:.2f} (median of rounds {base_pairs:.2f}); median "
+            f"{statistics.median(walls['baseline']):.1f}s; model loads {loads['baseline']}"
+        )
     return ok
 
 
@@ -178,6 +192,7 @@ def main() -> int:
     p.add_argument("--load-secs", type=float, default=3.0)
     p.add_argument("--dir", default=None)
     p.add_argument("--keep", action="store_true")
+    p.add_argument("--baseline", default=None, help="b7: also run the elastic executor of this checkout's root")
     a = p.parse_args()
     a.rows = a.rows or (16000 if a.which == "b7" else 200000)
     a.shards = a.shards or (8 if a.which == "b7" else 16)
