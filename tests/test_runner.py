@@ -280,31 +280,3 @@ def test_join_parts_fails_closed_on_a_missing_or_odd_export(tmp_path):
     with pytest.raises(IntegrityError, match="neither Ray's export folder nor an empty file"):
         join_parts(stray, out)
     assert not out.exists()
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(180)
-def test_a_shard_is_read_and_written_while_other_work_holds_every_cpu(runner, tmp_path):
-    """Reads and writes reserve no CPU: they run beside another shard's ops and the warm actors (prefetch), which
-    may hold every CPU of the node; a read or write that waited for a free CPU would leave the node idle."""
-    import ray
-    from data_juicer.core.ray_exporter import RayExporter
-
-    @ray.remote
-    class Hog:
-        def ready(self) -> bool:
-            return True
-
-    job = make_job(tmp_path / "job", BASE_RECIPE, {"part-a": rows(0, 50)})
-    runner.prepare_job(str(job))  # Ray is up, the recipe parsed
-    shard_path, output = attempt(job, "part-a")
-    cfg = attempt_config(runner._jobs[str(job)].cfg, shard_path, str(Path(output).parent))
-    hog = Hog.options(num_cpus=ray.cluster_resources()["CPU"]).remote()
-    try:
-        ray.get(hog.ready.remote(), timeout=60)
-        data = shard_io.read_shard(cfg)  # with a CPU asked for, this read would never start
-        RayExporter(cfg.export_path, cfg.export_type, **cfg.export_extra_args).export(data)  # as RayExecutor does
-    finally:
-        ray.kill(hog)
-    assert join_parts(Path(cfg.export_path), Path(output)) == 50
-    assert [r["id"] for r in read(output)] == list(range(50))

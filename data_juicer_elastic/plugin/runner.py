@@ -34,7 +34,7 @@ from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.plugin import opcounts
 from data_juicer_elastic.plugin.console import attempt_log, quiet_ray_console, route_ray_worker_logs
 from data_juicer_elastic.plugin.shard_errors import arrow_read_options, classify
-from data_juicer_elastic.plugin.shard_io import IO_TASK_ARGS, ShardLoader, join_parts, read_shard, remove
+from data_juicer_elastic.plugin.shard_io import ShardLoader, join_parts, read_shard, remove
 from data_juicer_elastic.plugin.warm_ops import WarmOps
 from data_juicer_elastic.worker.signals import reassert
 
@@ -220,9 +220,6 @@ def attempt_config(base: Any, shard_path: str, attempt_dir: str) -> Any:
     cfg.dataset_path = shard_path
     cfg.export_path = os.path.join(attempt_dir, EXPORT_NAME)
     cfg.export_type = "jsonl"
-    extra = dict(getattr(base, "export_extra_args", None) or {})
-    extra["ray_remote_args"] = {**IO_TASK_ARGS, **(extra.get("ray_remote_args") or {})}  # the recipe's own win
-    cfg.export_extra_args = extra
     cfg.work_dir = work
     for key, name in _DERIVED_DIRS.items():
         setattr(cfg, key, os.path.join(work, name))

@@ -49,20 +49,11 @@ class ShardLoader:
         return self.dataset
 
 
-# A shard's read and its write reserve no CPU: they overlap the processing of another shard (worker/prefetch.py),
-# and on a node whose CPUs the ops' tasks and warm actors hold, a read or write that waits for a free CPU is the
-# node waiting between shards. Both are short I/O-bound tasks next to the ops.
-IO_TASK_ARGS = {"num_cpus": 0}
-
-
 def read_shard(cfg: Any) -> Any:
     """The shard of an attempt's config, read and materialised in Ray's object store (any thread)."""
     from data_juicer.core.data.ray_dataset import RayDataset
 
-    read_kwargs: dict[str, Any] = {
-        "override_num_blocks": getattr(cfg, "override_num_blocks", None),
-        "ray_remote_args": dict(IO_TASK_ARGS),
-    }
+    read_kwargs: dict[str, Any] = {"override_num_blocks": getattr(cfg, "override_num_blocks", None)}
     options = read_options_for(cfg.dataset_path, getattr(cfg, "read_options", None))
     if options:
         read_kwargs["read_options"] = options
