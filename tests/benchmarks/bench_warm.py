@@ -108,22 +108,27 @@ def b7(a: argparse.Namespace, tmp: Path) -> bool:
             walls[kind].append(wall)
             loads[kind].append(len(record.read_text().splitlines()))
             print(f"round {r} {kind:8s} wall {wall:6.1f}s model loads {loads[kind][-1]}", flush=True)
-    ratio = statistics.median(walls["elastic"]) / statistics.median(walls["ray"])
+    ratio, pairs = _ratios(walls, "elastic")
     ok = ratio <= B7_TARGET and all(n == 1 for n in loads["elastic"])
-    pairs = statistics.median(e / r for e, r in zip(walls["elastic"], walls["ray"], strict=True))
     print(
         f"B7 elastic/ray wall {ratio:.2f} (target <= {B7_TARGET}; median of rounds {pairs:.2f}); median elastic "
         f"{statistics.median(walls['elastic']):.1f}s, ray {statistics.median(walls['ray']):.1f}s; model loads "
         f"elastic {loads['elastic']} ray {loads['ray']} (target: elastic == 1) -> {'PASS' if ok else 'FAIL'}"
     )
     if a.baseline:
-        base = statistics.median(walls["baseline"]) / statistics.median(walls["ray"])
-        base_pairs = statistics.median(b / r for b, r in zip(walls["baseline"], walls["ray"], strict=True))
+        base, base_pairs = _ratios(walls, "baseline")
         print(
             f"baseline ({a.baseline}) elastic/ray wall {base:.2f} (median of rounds {base_pairs:.2f}); median "
             f"{statistics.median(walls['baseline']):.1f}s; model loads {loads['baseline']}"
         )
     return ok
+
+
+def _ratios(walls: dict[str, list[float]], kind: str) -> tuple[float, float]:
+    """``kind``'s wall against ray's: median over median, and the median of the rounds' own ratios."""
+    over_medians = statistics.median(walls[kind]) / statistics.median(walls["ray"])
+    of_rounds = statistics.median(k / r for k, r in zip(walls[kind], walls["ray"], strict=True))
+    return over_medians, of_rounds
 
 
 def _time_executor(spans: list[list[float]]) -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shutil
 import subprocess
@@ -33,19 +32,18 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def _offline() -> dict[str, str]:
-    """tests/reference.py's OFFLINE (nothing downloaded at run time), loaded by path: the repository is not on
+def _reference():
+    """tests/reference.py (the offline environment, the row reader), loaded by path: the repository is not on
     sys.path here, so that the installed wheel is the code measured."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("dje_tests_reference", HERE.parent / "reference.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.OFFLINE
+    return module
 
 
-OFFLINE = _offline()
-
+REF = _reference()
 RESULTS: Path
 
 
@@ -118,23 +116,11 @@ class GpuSampler(threading.Thread):
     def run(self):
         while not self.stop.is_set():
             try:
-                q = subprocess.run(
-                    ["nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits"],
-                    capture_output=True,
-                    text=True,
-                    timeout=10,
-                ).stdout.split(",")
-                self.util, self.mem = max(self.util, int(q[0])), max(self.mem, int(q[1]))
-                apps = (
-                    subprocess.run(
-                        ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
-                        capture_output=True,
-                        text=True,
-                        timeout=10,
-                    )
-                    .stdout.strip()
-                    .splitlines()
+                util, mem = _smi("--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits")[0].split(
+                    ","
                 )
+                self.util, self.mem = max(self.util, int(util)), max(self.mem, int(mem))
+                apps = _smi("--query-compute-apps=pid,used_memory", "--format=csv,noheader")
                 self.procs = max(self.procs, len(apps))
                 self.pids.update(x.split(",")[0] for x in apps)
             except Exception:
@@ -142,9 +128,15 @@ class GpuSampler(threading.Thread):
             self.stop.wait(1.0)
 
 
+def _smi(*query: str) -> list[str]:
+    """nvidia-smi's answer to a query, one line per GPU or process."""
+    return (
+        subprocess.run(["nvidia-smi", *query], capture_output=True, text=True, timeout=10).stdout.strip().splitlines()
+    )
+
+
 def dj_process(kind: str, config: Path, run: Path, gpu: bool) -> float:
-    env = {k: v for k, v in os.environ.items() if k not in ("DJ_ELASTIC_DISABLE", "RAY_JOB", "RAY_ADDRESS")}
-    env.update(OFFLINE)
+    env = REF.dj_env()
     sampler = GpuSampler() if gpu else None
     if sampler:
         sampler.start()
@@ -169,12 +161,8 @@ def dj_process(kind: str, config: Path, run: Path, gpu: bool) -> float:
 
 
 def read_rows(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    files = (
-        sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".")) if path.is_dir() else [path]
-    )
-    return [json.loads(line) for f in files for line in f.read_text().splitlines() if line.strip()]
+    """The run's output (a file, or Ray's folder of part files); none if the run wrote nothing."""
+    return REF.read_rows(path) if path.exists() else []
 
 
 def loads(run: Path) -> list[dict]:
@@ -289,7 +277,7 @@ def main() -> int:
                 [exe("dj-elastic"), "status", "--job-dir", str(job)],
                 capture_output=True,
                 text=True,
-                env={**os.environ, **OFFLINE},
+                env=REF.dj_env(),
             )
             say(f"[{kind}] dj-elastic status --job-dir {job} -> exit {st.returncode}:\n{st.stdout}{st.stderr}")
             tail = [x for x in (run / "log.txt").read_text().splitlines() if "PASS" in x or "prepared" in x]
