@@ -6,18 +6,28 @@ attempt, so :func:`attempt_log` writes every message of an attempt to its
 ``process.log``. The console, once :func:`install_story_console` ran, shows
 this project's own lines (elections, one line per shard, takeovers, progress)
 and the warnings and errors of Data-Juicer and Ray, each distinct one once per
-process. ``elastic_shard.console: full`` or ``DJ_ELASTIC_CONSOLE=full`` keeps
-Data-Juicer's and Ray's console output as they ship it.
+process, except those that mislead here (:data:`NOT_FOR_THE_STORY`; they stay
+in the attempt's log). ``elastic_shard.console: full`` or
+``DJ_ELASTIC_CONSOLE=full`` keeps Data-Juicer's and Ray's console output as
+they ship it.
+
+This module imports neither Ray nor Data-Juicer (loguru only inside
+functions): the loguru and Ray internals it needs are reached through
+patches/loguru.py and patches/ray.py.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import threading
+import warnings
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,16 +35,25 @@ CONSOLE_ENV = "DJ_ELASTIC_CONSOLE"
 MODES = ("story", "full")
 OURS = "data_juicer_elastic"
 # Per-attempt details: in process.log only (the worker's own done/failed line says the same in one line).
-DETAIL_MODULES = ("data_juicer_elastic.plugin.runner",)
+DETAIL_MODULES = ("data_juicer_elastic.ray_runner.runner",)
+# Warnings of Ray or Data-Juicer that are untrue or useless on this console (each stays in the attempt's log):
+NOT_FOR_THE_STORY = (
+    # Ray Data, when every CPU is held by actors: the warm pools hold theirs on purpose and leave one free
+    "does not have any available CPUs",
+    # Ray Data's Dataset.filter(fn=...), which Data-Juicer's RayDataset calls for every Filter
+    "Use 'expr' instead of 'fn'",
+)
 STORY_FORMAT = "<green>{time:YYYY-MM-DD HH:mm:ss}</green> | <level>{level: <7}</level> | {message}"
 
 _seen: set[str] = set()
 _seen_lock = threading.Lock()
-_installed = {"loguru": False}
+_installed = {"loguru": False, "warnings": False}
 _attempt_logs: list[Path] = []  # the log of the attempt running now (Ray's worker output goes there)
-# Ray forwards worker output from its log files a second or more late: a line that arrives when no attempt
-# runs goes to the log of the attempt that ended last (the one it most likely belongs to), not nowhere.
-_ended_log: list[Path] = []
+# The attempts that ran in this process, most recent last: (log, when it started).
+_attempt_times: deque[tuple[Path, datetime]] = deque(maxlen=16)
+_last_ended: list[Path] = []  # the log of the attempt that ended last
+# loguru's default format, which Data-Juicer's ops use inside Ray workers too: a line starting so says when
+_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)")
 
 
 def console_mode(configured: str | None = None) -> str:
@@ -57,11 +76,16 @@ def story_record(name: str, levelno: int, message: str) -> bool:
     """Does a message belong on the story console?"""
     if name.startswith(OURS):
         return not name.startswith(DETAIL_MODULES)
-    return levelno >= logging.WARNING and first_time(message)
+    if levelno < logging.WARNING or any(noise in message for noise in NOT_FOR_THE_STORY):
+        return False
+    return first_time(message)
 
 
 def _loguru_filter(record: dict) -> bool:
-    return story_record(record["name"] or "", record["level"].no, record["message"])
+    message = record["message"]
+    if record["name"] == "py.warnings":  # one line per distinct warning, wherever it was raised
+        message = message.rsplit(" (", 1)[0]
+    return story_record(record["name"] or "", record["level"].no, message)
 
 
 def _is_console(stream: Any) -> bool:
@@ -77,19 +101,36 @@ def install_story_console(mode: str | None = None) -> bool:
         return False
     from loguru import logger
 
-    handlers = getattr(getattr(logger, "_core", None), "handlers", None)
-    if handlers is None:  # another loguru: leave its output alone
-        return False
-    if not _installed["loguru"]:
-        level = logging.INFO
-        for hid, handler in list(handlers.items()):
-            if _is_console(getattr(getattr(handler, "_sink", None), "_stream", None)):
-                level = min(level, getattr(handler, "_levelno", level))
-                logger.remove(hid)
+    from data_juicer_elastic.patches.loguru import replace_console_sinks
+
+    def add(level: int) -> None:
         logger.add(sys.__stderr__, level=level, format=STORY_FORMAT, filter=_loguru_filter, colorize=None)
+
+    if not _installed["loguru"]:
+        if not replace_console_sinks(_is_console, add):  # another loguru: leave its output alone
+            return False
         _installed["loguru"] = True
+    _route_python_warnings()
     quiet_ray_console()
     return True
+
+
+def _route_python_warnings() -> None:
+    """Python warnings (Ray's, numpy's) as one log line each: in the attempt's log, on the console once.
+
+    ``warnings.showwarning`` is the hook the standard library offers for this.
+    """
+    if _installed["warnings"]:
+        return
+    _installed["warnings"] = True
+
+    def show(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        from loguru import logger
+
+        text = f"{category.__name__}: {message}"
+        logger.patch(lambda r: r.update(name="py.warnings")).warning(f"{text} ({filename}:{lineno})")
+
+    warnings.showwarning = show
 
 
 class _RayConsoleFilter(logging.Filter):
@@ -117,30 +158,56 @@ def story_on() -> bool:
 
 
 def route_ray_worker_logs() -> None:
-    """Ray's worker output (the ops' own prints and errors) goes to the running attempt's log, not the console."""
+    """Ray's worker output (the ops' own prints and errors) goes to the attempt logs, not the console."""
     if not story_on():
         return
-    try:
-        from ray._private import worker
-    except ImportError:
-        return
-    dispatcher = getattr(worker, "global_worker_stdstream_dispatcher", None)
-    if dispatcher is None or not hasattr(dispatcher, "remove_handler"):
-        return
-    dispatcher.remove_handler("ray_print_logs")
-    dispatcher.add_handler("ray_print_logs", _worker_lines_to_attempt_log)
+    from data_juicer_elastic.patches.ray import route_worker_output
+
+    route_worker_output(_worker_lines_to_attempt_log)
+
+
+def _attempt_log_for(line: str) -> Path | None:
+    """The log a line of Ray worker output belongs in.
+
+    Ray forwards worker output from the workers' log files, a second or more
+    late, and its record names the worker's pid, task or actor name, job and
+    node, but not the attempt: the same worker processes (and warm actors)
+    serve every attempt of this process, and nothing in the record says when
+    a line was written. A line that carries its own time (loguru's format,
+    which Data-Juicer's ops log with inside Ray workers too) goes to the
+    attempt that had started last by then (attempts process one at a time in
+    a worker); any other line goes to the attempt running now, or
+    to the one that ended last when none runs (the one it most likely belongs
+    to), never nowhere.
+    """
+    m = _STAMP.match(line)
+    if m is not None:
+        try:
+            when = datetime.fromisoformat(m.group(1))
+        except ValueError:
+            when = None
+        if when is not None:  # the attempt that ran then, or that ran last before it
+            for path, start in reversed(_attempt_times):
+                if start <= when:
+                    return path
+    if _attempt_logs:
+        return _attempt_logs[-1]
+    return _last_ended[0] if _last_ended else None
 
 
 def _worker_lines_to_attempt_log(data: dict) -> None:
-    logs = _attempt_logs or _ended_log
-    if not logs:
-        return
     who = f"({data.get('task_name') or data.get('actor_name') or 'ray worker'} pid={data.get('pid')})"
-    try:
-        with open(logs[-1], "a", encoding="utf-8") as f:
-            f.writelines(f"{who} {line}\n" for line in data.get("lines", []))
-    except OSError:
-        pass  # its folder is gone (an attempt given back) or unwritable: the line is Ray's session log only
+    by_log: dict[Path, list[str]] = {}
+    for line in data.get("lines", []):
+        path = _attempt_log_for(line)
+        if path is not None:
+            by_log.setdefault(path, []).append(f"{who} {line}\n")
+    for path, lines in by_log.items():
+        try:
+            with open(path, "a", encoding="utf-8") as f:
+                f.writelines(lines)
+        except OSError:
+            pass  # its folder is gone (an attempt given back) or unwritable: the line is Ray's session log only
 
 
 @contextmanager
@@ -157,11 +224,12 @@ def attempt_log(path: Path, level: str = "INFO") -> Iterator[None]:
     for lg in ray_loggers:
         lg.addHandler(handler)
     _attempt_logs.append(path)
+    _attempt_times.append((path, datetime.now()))
     try:
         yield
     finally:
         _attempt_logs.remove(path)
-        _ended_log[:] = [path]
+        _last_ended[:] = [path]
         for lg in ray_loggers:
             lg.removeHandler(handler)
         handler.close()

@@ -103,7 +103,7 @@ def test_full_console_is_one_switch_away(tmp_path):
 
 def test_ray_worker_lines_arriving_after_their_attempt_go_to_its_log(tmp_path):
     """Ray forwards worker output late: a line after the attempt ended lands in that attempt's log."""
-    from data_juicer_elastic.plugin import console
+    from data_juicer_elastic import console
 
     first = tmp_path / "first.log"
     with console.attempt_log(first):

@@ -1,38 +1,98 @@
-"""What the activation hook changes in Data-Juicer 1.6, module by module.
+"""Every change this package makes to Data-Juicer 1.6's internals (``py-data-juicer>=1.6,<1.7``).
 
-* ``data_juicer.config.config``: ``executor_type`` accepts every registered
-  executor; the ``elastic_shard.*`` keys exist (typed); an ``elastic_shard``
-  recipe is validated and snapshotted right after parsing and custom-operator
-  loading, before Data-Juicer writes anything.
-* ``data_juicer.core.executor.factory``: ``ExecutorFactory.create_executor``
-  falls back to the entry-point registry for names it does not know.
-* ``data_juicer.tools.process_data``: ``dj-process`` runs registered
-  executors, and reports this package's errors as one message with exit
-  code 2 instead of a logged traceback.
+At parse time (applied by the activation hook, plugin/hook.py, as each module is imported):
 
-Built-in executor types go through the original code unchanged. The
-internals touched here are specific to Data-Juicer 1.6.x; on another version
-nothing is patched and a recipe asking for ``elastic_shard`` is stopped with
-a message that says so.
+* ``config.build_base_parser``: registered executor types become ``executor_type``
+  choices and the typed ``elastic_shard.*`` keys are added (the parser's actions);
+* ``config.init_setup_from_cfg``: an ``elastic_shard`` recipe is validated and
+  snapshotted before Data-Juicer writes anything, its work dir goes into the job
+  dir and the story console is set up; another executor's config loses the
+  unused ``elastic_shard`` block, so Data-Juicer sees it as shipped;
+* ``config.display_config``: no config table on the story console;
+* ``ExecutorFactory.create_executor``: names it does not know are looked up in
+  the ``data_juicer.executors`` entry points;
+* ``process_data.init_configs``: ``dj-process`` runs a registered executor and
+  exits with its code (``SystemExit``, which ``main``'s ``logger.catch`` lets
+  through untouched), so ``main`` itself is left as shipped.
+
+Per shard, in the Ray shard runner (ray_runner/), checked once when it starts:
+
+* ``RayExecutor.datasetbuilder``: replaced on each executor by the shard loader
+  (the shard read once, into Ray's object store);
+* ``RayDataset._run_single_op``: overridden in a subclass that lets each op count
+  its rows;
+* ``Mapper.process``, ``Filter.compute_stats`` / ``process`` of each op instance:
+  wrapped to count rows, inside Data-Juicer's own ``catch_map_*_exception``.
+
+Built-in executor types go through Data-Juicer's code unchanged. On another
+Data-Juicer version nothing is patched (``strict``) and a recipe asking for
+``elastic_shard`` is stopped with a message that says so. docs/UPSTREAM.md
+describes the two extension points that would replace most of these.
 """
 
 from __future__ import annotations
 
 import functools
-import os
+import inspect
 import sys
 import time
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 from data_juicer_elastic.errors import ElasticError
-from data_juicer_elastic.plugin import registry
+from data_juicer_elastic.patches import apply, declare
 from data_juicer_elastic.plugin.schema import NAME
 
+HOST = "py-data-juicer"
+VERSIONS = ">=1.6,<1.7"
 SUPPORTED_PREFIX = "1.6."
 
-# the parser built most recently by build_base_parser (its defaults feed the snapshot)
-_last_parser: list[Any] = [None]
+
+def _declare(target: str, purpose: str, without: str) -> str:
+    return declare(HOST, target, VERSIONS, purpose, without, strict=True)
+
+
+PARSER = _declare(
+    "data_juicer.config.config.build_base_parser",
+    "executor_type choices from the entry points; the typed elastic_shard keys",
+    "executor_type elastic_shard is refused by the parser",
+)
+SETUP = _declare(
+    "data_juicer.config.config.init_setup_from_cfg",
+    "parse-time validation and snapshot of an elastic_shard recipe; its work dir; the story console",
+    "an elastic_shard recipe cannot run",
+)
+TABLE = _declare(
+    "data_juicer.config.config.display_config",
+    "no config table on the story console",
+    "the config table is printed",
+)
+FACTORY = _declare(
+    "data_juicer.core.executor.factory.ExecutorFactory.create_executor",
+    "registered executor types for ExecutorFactory",
+    "ExecutorFactory knows only the built-in types",
+)
+DISPATCH = _declare(
+    "data_juicer.tools.process_data.init_configs",
+    "dj-process runs registered executor types",
+    "dj-process refuses registered executor types",
+)
+LOADER = _declare(
+    "data_juicer.core.executor.ray_executor.RayExecutor.datasetbuilder",
+    "each shard is read once, into Ray's object store, while the previous one runs",
+    "Data-Juicer reads each shard itself (three reads)",
+)
+PLANNING = _declare(
+    "data_juicer.core.data.ray_dataset.RayDataset._run_single_op",
+    "each op's Ray stages count its rows (ops.json)",
+    "no per-op row counts",
+)
+OP_CALLS = _declare(
+    "data_juicer.ops.base_op.Mapper.process / Filter.compute_stats / Filter.process",
+    "the op's own batch calls count rows in, out and removed by errors",
+    "no per-op row counts",
+)
 
 
 def data_juicer_version() -> str:
@@ -42,6 +102,13 @@ def data_juicer_version() -> str:
 
 def supported() -> bool:
     return data_juicer_version().startswith(SUPPORTED_PREFIX)
+
+
+def _replace(owner: Any, name: str, new: Callable, stored: Any = None) -> bool:
+    """Set ``owner.name`` (AttributeError if the host has none); True if the host now holds ``new``."""
+    getattr(owner, name)
+    setattr(owner, name, new if stored is None else stored)
+    return getattr(owner, name) is new
 
 
 def _asks_for_elastic(argv: list[str]) -> bool:
@@ -69,94 +136,41 @@ def _refuse_unsupported() -> None:
 
 
 # data_juicer.config.config ----------------------------------------------------------------
-def extend_parser(parser: Any) -> Any:
-    """Registered executor types become valid choices; the elastic_shard keys are added."""
-    from data_juicer_elastic.plugin.schema import add_arguments
-
-    for action in parser._actions:
-        if getattr(action, "dest", None) == "executor_type" and action.choices is not None:
-            extra = [n for n in registry.names() if n not in action.choices]
-            action.choices = list(action.choices) + extra
-            if extra:
-                action.help = f"{action.help} Registered by plugins: {', '.join(extra)}."
-    add_arguments(parser)
-    _last_parser[0] = parser
-    return parser
-
-
-def on_parsed(cfg: Any, normalize: Any = None) -> None:
-    """For elastic_shard: validate the recipe and take its snapshot (raises UserError).
-
-    ``normalize`` is applied to the parser defaults as Data-Juicer already
-    applied it to ``cfg``, so its rewrites do not count as recipe settings.
-    """
-    if cfg.get("executor_type") != NAME:
-        return
-    from data_juicer.ops.base_op import OPERATORS
-
-    from data_juicer_elastic.plugin.recipe import effective_process, effective_recipe, remember, to_yaml
-    from data_juicer_elastic.plugin.validation import validate
-
-    parser = _last_parser[0]
-    defaults = parser.get_defaults() if parser is not None else {}
-    if normalize is not None and defaults:
-        normalize(defaults)
-    process = effective_process(cfg, defaults)
-    config = cfg.get("config")
-    validate(cfg, process, source=os.path.abspath(str(config[0])) if config else None)
-    remember(cfg, to_yaml(effective_recipe(cfg, defaults, frozenset(OPERATORS.modules))))
-
-
 def patch_config(module: ModuleType) -> bool:
     if not supported():
         _refuse_unsupported()
-        return False
+    from data_juicer_elastic.plugin import front_door
+
+    version = data_juicer_version()
     build_base_parser = module.build_base_parser
     init_setup_from_cfg = module.init_setup_from_cfg
+    display_config = getattr(module, "display_config", None)
 
     @functools.wraps(build_base_parser)
     def build_base_parser_extended(*args: Any, **kwargs: Any) -> Any:
-        return extend_parser(build_base_parser(*args, **kwargs))
+        return front_door.extend_parser(build_base_parser(*args, **kwargs))
 
     @functools.wraps(init_setup_from_cfg)
     def init_setup_from_cfg_checked(cfg: Any, *args: Any, **kwargs: Any) -> Any:
-        # before the original creates the work dir, logs and backups
-        on_parsed(cfg, getattr(module, "_normalize_partition_size_config", None))
-        if cfg.get("executor_type") == NAME and not cfg.get("work_dir"):
-            # Data-Juicer would make a timestamped folder beside export_path on every run
-            from data_juicer_elastic.job.layout import DJ_WORK
-            from data_juicer_elastic.plugin.schema import settings_from_cfg
-
-            cfg.work_dir = os.path.join(os.path.abspath(settings_from_cfg(cfg).job_dir), DJ_WORK)
+        front_door.before_setup(cfg, getattr(module, "_normalize_partition_size_config", None))
         result = init_setup_from_cfg(cfg, *args, **kwargs)
-        if cfg.get("executor_type") == NAME:  # after Data-Juicer set its logger up, before the config table
-            from data_juicer_elastic.plugin.console import install_story_console
-            from data_juicer_elastic.plugin.schema import settings_from_cfg
-
-            install_story_console(settings_from_cfg(cfg).console)
+        front_door.after_setup(cfg)
         return result
-
-    display_config = getattr(module, "display_config", None)
 
     @functools.wraps(display_config)
     def display_config_quiet(cfg: Any) -> Any:
-        from data_juicer_elastic.plugin.console import story_on
+        return display_config(cfg) if front_door.shows_config_table(cfg) else None
 
-        if cfg.get("executor_type") == NAME and story_on():
-            return None  # the resolved recipe is in the job dir (recipe.yaml) and DJ's work dir backup
-        return display_config(cfg)
-
-    module.build_base_parser = build_base_parser_extended
-    module.init_setup_from_cfg = init_setup_from_cfg_checked
-    if display_config is not None:
-        module.display_config = display_config_quiet
-    return True
+    ok = apply(PARSER, version, lambda: _replace(module, "build_base_parser", build_base_parser_extended))
+    ok = apply(SETUP, version, lambda: _replace(module, "init_setup_from_cfg", init_setup_from_cfg_checked)) and ok
+    apply(TABLE, version, lambda: _replace(module, "display_config", display_config_quiet))
+    return ok
 
 
 # data_juicer.core.executor.factory --------------------------------------------------------
 def patch_factory(module: ModuleType) -> bool:
-    if not supported():
-        return False
+    from data_juicer_elastic.plugin import registry
+
     factory = module.ExecutorFactory
     create_executor = factory.create_executor
 
@@ -168,94 +182,146 @@ def patch_factory(module: ModuleType) -> bool:
                 return cls
         return create_executor(executor_type)
 
-    factory.create_executor = staticmethod(create_executor_extended)
-    return True
+    def install() -> bool:
+        return _replace(factory, "create_executor", create_executor_extended, staticmethod(create_executor_extended))
+
+    return apply(FACTORY, data_juicer_version(), install)
 
 
 # data_juicer.tools.process_data -----------------------------------------------------------
-class _Handoff(BaseException):
-    """Carries a parsed config for a registered executor out of the original main.
-
-    A BaseException so the original main's ``logger.catch`` lets it through silently.
-    """
-
-    def __init__(self, cfg: Any) -> None:
-        super().__init__(cfg)  # in args, so a copy (pickle) carries it too
-        self.cfg = cfg
-
-    def __str__(self) -> str:
-        return "handoff"
-
-
-class _UserFailure(BaseException):
-    """Carries an ElasticError out of the original main without a logged traceback."""
-
-    def __init__(self, error: ElasticError) -> None:
-        super().__init__(error)
-        self.error = error
-
-    def __str__(self) -> str:
-        return str(self.error)
-
-
-def report(error: ElasticError) -> int:
-    """The one-line error, after every queued log line (Data-Juicer's loguru sinks write from a thread)."""
-    from loguru import logger
-
-    logger.complete()
-    sys.stderr.write(f"dj-process: error: {error}\n")
-    sys.stderr.flush()
-    return error.exit_code
-
-
-def run_registered(module: ModuleType, cfg: Any, started: float) -> int:
-    """Construct and run a registered executor the way dj-process runs built-in ones."""
-    from loguru import logger
-
-    logger.info(f"Loading configuration took {time.time() - started:.2f} seconds")
-
-    @logger.catch(reraise=True, exclude=ElasticError)
-    def run() -> Any:
-        with module.timing_context("Initializing executor"):
-            executor = registry.load(cfg.executor_type)(cfg)
-        with module.timing_context("Running executor"):
-            return executor.run()
-
-    try:
-        result = run()
-    except ElasticError as exc:
-        return report(exc)
-    except Exception:  # already logged with its traceback by logger.catch
-        return 2
-    return result if isinstance(result, int) else 0
-
-
 def patch_process_data(module: ModuleType) -> bool:
-    if not supported():
-        return False
-    original_main = module.main
+    """``main`` stays as shipped: a registered executor runs from inside its ``init_configs`` call and
+    ends the process with ``SystemExit`` (a BaseException: ``main``'s ``logger.catch`` ignores it)."""
+    from data_juicer_elastic.plugin import front_door
+
     init_configs = module.init_configs
+    timing_context = module.timing_context
 
     @functools.wraps(init_configs)
     def init_configs_dispatching(*args: Any, **kwargs: Any) -> Any:
+        started = time.time()
         try:
             cfg = init_configs(*args, **kwargs)
         except ElasticError as exc:
-            raise _UserFailure(exc) from None
-        if cfg.get("executor_type") not in registry.BUILTIN and registry.is_registered(cfg.get("executor_type")):
-            raise _Handoff(cfg)
+            raise SystemExit(front_door.report(exc)) from None
+        if front_door.is_registered_type(cfg):
+            raise SystemExit(front_door.run_registered(timing_context, cfg, started))
         return cfg
 
-    @functools.wraps(original_main)
-    def main() -> Any:
-        started = time.time()
-        try:
-            return original_main()
-        except _UserFailure as failure:
-            return report(failure.error)
-        except _Handoff as handoff:
-            return run_registered(module, handoff.cfg, started)
+    return apply(DISPATCH, data_juicer_version(), lambda: _replace(module, "init_configs", init_configs_dispatching))
 
-    module.init_configs = init_configs_dispatching
-    module.main = main
+
+# the Ray shard runner ---------------------------------------------------------------------
+def check_runner_patches() -> None:
+    """Check once, when a runner starts, that the per-shard patches still fit Data-Juicer."""
+    version = data_juicer_version()
+
+    def loader_fits() -> bool:
+        from data_juicer.core.executor.ray_executor import RayExecutor
+
+        try:
+            source = inspect.getsource(RayExecutor.run)
+        except OSError:  # no source shipped: trust the version range
+            return True
+        return "self.datasetbuilder.load_dataset(" in source
+
+    def planning_fits() -> bool:
+        from data_juicer.core.data.ray_dataset import RayDataset
+
+        params = inspect.signature(RayDataset._run_single_op).parameters
+        return {"op", "cached_columns", "tracer", "stats_only"} <= set(params)
+
+    def op_calls_fit() -> bool:
+        from data_juicer.ops.base_op import Filter, Mapper, catch_map_batches_exception, catch_map_single_exception
+
+        names = ("process_batched", "process_single", "compute_stats_batched", "compute_stats_single")
+        return all(callable(x) for x in (catch_map_batches_exception, catch_map_single_exception)) and all(
+            hasattr(Mapper if n.startswith("process") else Filter, n) for n in names
+        )
+
+    apply(LOADER, version, loader_fits)
+    apply(PLANNING, version, planning_fits)
+    apply(OP_CALLS, version, op_calls_fit)
+
+
+def use_shard_loader(executor: Any, loader: Any) -> bool:
+    """Give a RayExecutor the shard loader instead of its DatasetBuilder; False: leave its own."""
+    from data_juicer_elastic.patches import get
+
+    if not get(LOADER).applied:
+        return False
+    executor.datasetbuilder = loader
     return True
+
+
+def counting_ops() -> bool:
+    """Whether ops can count their rows on this Data-Juicer."""
+    from data_juicer_elastic.patches import get
+
+    return bool(get(PLANNING).applied and get(OP_CALLS).applied)
+
+
+@functools.cache
+def counting_dataset_class() -> type:
+    """A RayDataset whose Mappers and Filters count their rows into the folder given to ``count_into``."""
+    from data_juicer.core.data.ray_dataset import RayDataset
+    from data_juicer.ops.base_op import Filter, Mapper
+
+    from data_juicer_elastic.ray_runner.op_counts.hooks import Target, planning
+
+    class CountingRayDataset(RayDataset):
+        count_sink: str | None = None
+        op_names: list[tuple[str, str]]  # (name, kind) per op index
+
+        def count_into(self, sink: str | None) -> None:
+            self.count_sink, self.op_names, self._targets = sink, [], {}
+
+        def _run_single_op(self, op: Any, cached_columns: Any = None, tracer: Any = None, stats_only: bool = False):
+            if self.count_sink is None:
+                return super()._run_single_op(op, cached_columns, tracer=tracer, stats_only=stats_only)
+            target = self._targets.get(id(op))  # Data-Juicer plans an op again without its runtime_env
+            if target is None:
+                target = self._targets[id(op)] = Target(self.count_sink, len(self.op_names))
+                self.op_names.append((op._name, op_kind(op)))
+                count_batch_calls(op, target)
+            with planning(target if isinstance(op, (Mapper, Filter)) else None):
+                return super()._run_single_op(op, cached_columns, tracer=tracer, stats_only=stats_only)
+
+    return CountingRayDataset
+
+
+def op_kind(op: Any) -> str:
+    from data_juicer.ops.base_op import Filter, Mapper
+
+    return "Filter" if isinstance(op, Filter) else "Mapper" if isinstance(op, Mapper) else type(op).__mro__[1].__name__
+
+
+def count_batch_calls(op: Any, target: Any) -> None:
+    """Make ``op``'s batch calls count into ``target`` (read at call time: a warm actor re-aims it per batch)."""
+    from data_juicer.ops.base_op import Filter, Mapper
+
+    from data_juicer_elastic.ray_runner.op_counts import hooks
+
+    if isinstance(op, Mapper):
+        op.process = hooks.counting(_catching(op, "process", target), target, hooks.mapped)
+    elif isinstance(op, Filter):
+        op.compute_stats = hooks.counting(_catching(op, "compute_stats", target), target, hooks.entered)
+        kept = hooks.kept if op.is_batched_op() else hooks.kept_one
+        op.process = hooks.counting(_catching(op, "process", target), target, kept)
+
+
+def _catching(op: Any, attr: str, target: Any) -> Callable:
+    """``op``'s ``attr`` as Data-Juicer wraps it, with the rows of a batch that raised counted inside."""
+    from data_juicer.ops.base_op import Filter, catch_map_batches_exception, catch_map_single_exception
+
+    from data_juicer_elastic.ray_runner.op_counts.hooks import noting_errors
+
+    if not getattr(op, "skip_op_error", False):
+        return getattr(op, attr)  # an error fails the attempt: nothing to count
+    batched = op.is_batched_op()
+    raw = getattr(op, f"{attr}_batched" if batched else f"{attr}_single")
+    noted = noting_errors(raw, batched, target)
+    if batched:
+        return catch_map_batches_exception(noted, skip_op_error=True, op_name=op._name)
+    keep = not (isinstance(op, Filter) and attr == "process")
+    return catch_map_single_exception(noted, return_sample=keep, skip_op_error=True, op_name=op._name)

@@ -1,12 +1,10 @@
 """One shard through Data-Juicer's RayExecutor on this node's own Ray runtime.
 
 A worker process handles many shards, so everything that does not depend on
-the shard is done once and reused: Ray is started (or connected to) once,
-custom operators are imported once, and the job's recipe snapshot is parsed
-once by Data-Juicer's own ``init_configs`` (as ``executor_type: ray``, so the
-op settings are exactly those of a plain Ray run). Each attempt then runs on
-a copy of that config whose input is the shard and whose export path, work
-dir and logs all lie inside the attempt directory.
+the shard is done once per job and reused (runtime.py: Ray and custom
+operators; configs.py: the parsed recipe). Each attempt then runs in three
+stages: ``load`` reads the shard into Ray's object store, ``process`` runs
+RayExecutor on it, ``finish`` joins Ray's part files into the attempt's output.
 
 Ray writes a folder of part files, one per write task. With
 ``preserve_order`` on, write tasks take blocks in input order, so joining
@@ -16,224 +14,33 @@ checked against the dataset's row count and the parts are then removed.
 
 from __future__ import annotations
 
-import copy
-import hashlib
 import os
 import shutil
-import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from data_juicer_elastic.console import attempt_log
 from data_juicer_elastic.errors import IntegrityError, UserError
+from data_juicer_elastic.job.attempt_files import AttemptDir
 from data_juicer_elastic.job.layout import JobDir
-from data_juicer_elastic.plugin import opcounts
-from data_juicer_elastic.plugin.console import attempt_log, quiet_ray_console, route_ray_worker_logs
-from data_juicer_elastic.plugin.shard_errors import arrow_read_options, classify
-from data_juicer_elastic.plugin.shard_io import ShardLoader, join_parts, read_shard, remove
-from data_juicer_elastic.plugin.warm_ops import WarmOps
-from data_juicer_elastic.worker.signals import reassert
-
-RECIPE_NAME = "recipe.yaml"
-LOG_NAME = "process.log"
-EXPORT_NAME = "export.jsonl"  # Ray's folder of part files inside the attempt dir
-WORK_NAME = "work"  # Data-Juicer's work dir inside the attempt dir
-LOCAL = "local"
-BUDGET_ENV = "DJ_ELASTIC_RAY_BUDGET_BACKPRESSURE"
-_DERIVED_DIRS = {
-    "event_log_dir": "logs",
-    "checkpoint_dir": "checkpoints",
-    "partition_dir": "partitions",
-    "metadata_dir": "metadata",
-    "results_dir": "results",
-}
-_DERIVED_FILES = {"event_log_file": "events.jsonl", "job_summary_file": "job_summary.json"}
+from data_juicer_elastic.patches import data_juicer as dj_patches
+from data_juicer_elastic.ray_runner.configs import RECIPE_NAME, attempt_config, parse_recipe, read_recipe
+from data_juicer_elastic.ray_runner.op_counts import collect as op_counts
+from data_juicer_elastic.ray_runner.runtime import (
+    LOCAL,
+    configure_ray_data,
+    load_custom_operators_once,
+    report_patches,
+    start_ray,
+    stop_ray,
+)
+from data_juicer_elastic.ray_runner.shard_errors import arrow_read_options, classify
+from data_juicer_elastic.ray_runner.shard_io import ShardLoader, join_parts, read_shard, remove
+from data_juicer_elastic.ray_runner.warm_ops import WarmOps
 
 
-# --------------------------------------------------------------------------- Ray runtime
-_ray_lock = threading.Lock()
-_loaded_operator_paths: set[str] = set()
-_ray_env: dict[str, tuple[str | None, str | None]] = {}  # key -> (before start_ray, as starting Ray left it)
-
-
-# Ray kills an idle worker process above its soft limit (one per CPU) after 1 s. Between two shards each
-# shard's read, forward and write tasks then start new worker processes (about 1-2 s each on a busy node),
-# which was most of a warm shard's time; a local runtime keeps them for a minute instead.
-IDLE_WORKER_KEEP_MS = 60_000
-
-
-def start_ray(address: str, py_modules: list[str] | None = None) -> bool:
-    """Start (``local``) or join the node-local Ray runtime once; True if this call started it.
-
-    Workers get ``RAY_JOB=1`` (Data-Juicer's Ray mode) and the custom operator
-    paths, as Data-Juicer's own ``initialize_ray`` would give them. Ray's
-    SIGTERM handler does not replace the worker's while the worker's guard is
-    active (see ``interrupts``). What starting it sets in ``os.environ`` is
-    recorded for :func:`stop_ray` to undo.
-    """
-    import ray
-    from data_juicer.utils.constant import RAY_JOB_ENV_VAR
-    from data_juicer.utils.mm_utils import SPECIAL_TOKEN_ENV_PREFIX
-
-    before = dict(os.environ)
-    os.environ[RAY_JOB_ENV_VAR] = "1"
-    quiet_ray_console()
-    with _ray_lock:
-        if ray.is_initialized():
-            return False
-        env_vars = {RAY_JOB_ENV_VAR: "1"}
-        env_vars.update({k: v for k, v in os.environ.items() if k.startswith(SPECIAL_TOKEN_ENV_PREFIX)})
-        runtime_env: dict[str, Any] = {"env_vars": env_vars}
-        if py_modules:
-            runtime_env["py_modules"] = list(py_modules)
-        kwargs: dict[str, Any] = {"runtime_env": runtime_env}
-        if address in ("", LOCAL):
-            address, kwargs["include_dashboard"] = LOCAL, False
-            kwargs["_system_config"] = {"idle_worker_killing_time_threshold_ms": IDLE_WORKER_KEEP_MS}
-        ray.init(address=address, **kwargs)
-        for key in before.keys() | os.environ.keys():
-            if before.get(key) != os.environ.get(key):
-                _ray_env[key] = (before.get(key), os.environ.get(key))
-        reassert()  # Ray's native SIGTERM handler would abort the process 3 s after a stop signal
-        route_ray_worker_logs()
-        return True
-
-
-def stop_ray() -> None:
-    """Shut down the runtime :func:`start_ray` started and put back the ``os.environ`` it changed.
-
-    A local ``ray.init`` exports its runtime's settings, ``RAY_AUTH_MODE=token``
-    among them, and ``ray.shutdown`` leaves them. Every process started later
-    would inherit them: a worker joining a Ray cluster without token auth
-    then rejects the streamed results of its Ray Data tasks
-    (``InvalidAuthToken``) and waits on its first shard forever. A key changed
-    again since is left as it is.
-    """
-    import ray
-
-    _let_ray_data_executors_end()
-    ray.shutdown()
-    with _ray_lock:
-        for key, (old, set_by_ray) in _ray_env.items():
-            if os.environ.get(key) != set_by_ray:
-                continue
-            if old is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = old
-        _ray_env.clear()
-
-
-def _let_ray_data_executors_end(timeout: float = 10.0) -> None:
-    """A failed execution waits only 2 s for its executor thread; one still dispatching when ``ray.shutdown``
-    runs makes Ray's core worker end the process (exit 1 instead of the worker's own code and FAIL line)."""
-    deadline = time.monotonic() + timeout
-    for thread in threading.enumerate():
-        if thread.name.startswith("StreamingExecutor-") and thread is not threading.current_thread():
-            thread.join(max(deadline - time.monotonic(), 0.0))
-
-
-def configure_ray_data() -> None:
-    """Keep block order (the merged output is in input order) and drop progress bars from logs.
-
-    Ray Data's resource-budget backpressure holds back the first tasks of every
-    execution until the autoscaling coordinator has granted the execution its
-    resources, about a second each time. RayExecutor runs four executions per
-    shard (probe, count, process, write), so on a long-lived worker this is the
-    largest fixed cost per shard; the concurrency-cap and downstream-capacity
-    policies stay on. ``DJ_ELASTIC_RAY_BUDGET_BACKPRESSURE=1`` keeps Ray's default.
-    """
-    from ray.data import DataContext
-
-    ctx = DataContext.get_current()
-    ctx.execution_options.preserve_order = True
-    ctx.enable_progress_bars = False
-    if os.environ.get(BUDGET_ENV, "") in ("", "0"):
-        _drop_budget_backpressure(ctx)
-
-
-def _drop_budget_backpressure(ctx: Any) -> None:
-    try:
-        from ray.data._internal.execution import backpressure_policy as bp
-    except ImportError:  # another Ray: leave its defaults alone
-        return
-    policies = ctx.get_config(bp.ENABLED_BACKPRESSURE_POLICIES_CONFIG_KEY, bp.ENABLED_BACKPRESSURE_POLICIES)
-    kept = [p for p in policies if p.__name__ != "ResourceBudgetBackpressurePolicy"]
-    ctx.set_config(bp.ENABLED_BACKPRESSURE_POLICIES_CONFIG_KEY, kept)
-
-
-def load_custom_operators_once(paths: list[str] | None) -> None:
-    """Import custom operator files/packages unless this process already did (dj-process has)."""
-    import sys
-
-    from data_juicer.config.config import load_custom_operators
-
-    for path in paths or []:
-        path = os.path.abspath(path)
-        if path in _loaded_operator_paths:
-            continue
-        name = os.path.splitext(os.path.basename(path))[0]
-        loaded = sys.modules.get(name)
-        origin = getattr(loaded, "__loaded_from__", None) or getattr(loaded, "__file__", None)
-        if origin is None or os.path.abspath(origin) not in (path, os.path.join(path, "__init__.py")):
-            load_custom_operators([path])
-        _loaded_operator_paths.add(path)
-
-
-# --------------------------------------------------------------------------- configs
-def read_recipe(job_dir: str) -> tuple[dict[str, Any], str]:
-    """The job's recipe snapshot (safe YAML only) and its sha256."""
-    path = Path(job_dir, RECIPE_NAME)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise UserError(f"{path}: missing; prepare the job first (dj-process or dj-elastic prepare)") from None
-    recipe = yaml.safe_load(data)
-    if not isinstance(recipe, dict):
-        raise IntegrityError(f"{path}: not a YAML mapping; prepare the job again")
-    return recipe, hashlib.sha256(data).hexdigest()
-
-
-def parse_recipe(recipe: dict[str, Any], source: str) -> Any:
-    """Data-Juicer's own parse of the snapshot as a Ray recipe (custom operators must be loaded)."""
-    from data_juicer.config import init_configs
-
-    recipe = {k: v for k, v in recipe.items() if k != "custom_operator_paths"}  # already imported
-    recipe["executor_type"] = "ray"
-    with tempfile.TemporaryDirectory(prefix="dje-recipe-") as tmp:
-        path = os.path.join(tmp, RECIPE_NAME)
-        with open(path, "w", encoding="utf-8") as f:
-            yaml.safe_dump(recipe, f, sort_keys=False, allow_unicode=True)
-        cfg = init_configs(["--config", path], load_configs_only=True)
-    cfg.config = [source]
-    return cfg
-
-
-def attempt_config(base: Any, shard_path: str, attempt_dir: str) -> Any:
-    """A copy of the parsed recipe that reads the shard and writes only inside the attempt dir."""
-    cfg = copy.deepcopy(base)
-    work = os.path.join(attempt_dir, WORK_NAME)
-    cfg.dataset_path = shard_path
-    cfg.export_path = os.path.join(attempt_dir, EXPORT_NAME)
-    cfg.export_type = "jsonl"
-    cfg.work_dir = work
-    for key, name in _DERIVED_DIRS.items():
-        setattr(cfg, key, os.path.join(work, name))
-    for key, name in _DERIVED_FILES.items():
-        setattr(cfg, key, os.path.join(work, name))
-    cfg.backed_up_config_path = os.path.join(work, RECIPE_NAME)
-    for op in cfg.process or []:
-        for args in op.values():
-            if isinstance(args, dict) and args.get("work_dir") == base.work_dir:
-                args["work_dir"] = work  # what Data-Juicer injects into every op
-    return cfg
-
-
-# --------------------------------------------------------------------------- runner
 def recurring(exc: Exception, shard: str, job: _Job) -> Exception:
     """``exc`` if a retry may heal it, else the PermanentError that fails the shard at once (shard_errors)."""
     return classify(exc, shard, job.root, arrow_read_options(job.cfg, shard))
@@ -264,6 +71,10 @@ class ShardAttempt:
     def dir(self) -> Path:
         return self.output.parent
 
+    @property
+    def files(self) -> AttemptDir:
+        return AttemptDir(self.dir)
+
 
 class RayShardRunner:
     """Runner (see CONTRACTS.md): ``runner(shard_path, output_path, job_dir)``.
@@ -273,7 +84,7 @@ class RayShardRunner:
     shard a worker process claims; ``close()`` stops a runtime it started.
     """
 
-    runner_factory = True  # `dj-elastic worker --runner data_juicer_elastic.plugin.runner:RayShardRunner`
+    runner_factory = True  # `dj-elastic worker --runner data_juicer_elastic.ray_runner.runner:RayShardRunner`
 
     def __init__(self, ray_address: str = LOCAL, *, log_level: str = "INFO") -> None:
         self.ray_address = ray_address or LOCAL
@@ -291,12 +102,12 @@ class RayShardRunner:
         job = self._jobs.get(key)
         if job is not None:
             return job.cfg
-        import data_juicer  # noqa: F401  (patches.supported() reads its version)
+        import data_juicer  # noqa: F401  (dj_patches.supported() reads its version)
 
-        from data_juicer_elastic.plugin.patches import SUPPORTED_PREFIX, data_juicer_version, supported
-
-        if not supported():
-            raise UserError(f"RayShardRunner needs Data-Juicer {SUPPORTED_PREFIX}x, found {data_juicer_version()}")
+        if not dj_patches.supported():
+            found = dj_patches.data_juicer_version()
+            raise UserError(f"RayShardRunner needs Data-Juicer {dj_patches.SUPPORTED_PREFIX}x, found {found}")
+        dj_patches.check_runner_patches()
         recipe, sha = read_recipe(key)
         job = JobDir(key)
         if job.exists() and job.manifest().recipe_sha256 != sha:
@@ -309,6 +120,7 @@ class RayShardRunner:
             if os.path.realpath(path).startswith(os.path.realpath(job.root) + os.sep):
                 raise UserError(f"custom_operator_paths entry {path} lies inside the job directory; refusing to run it")
         self._started_ray |= start_ray(self.ray_address, operator_paths)
+        report_patches()
         load_custom_operators_once(operator_paths)
         cfg = parse_recipe(recipe, str(Path(key, RECIPE_NAME)))
         cfg.custom_operator_paths = operator_paths or None
@@ -344,7 +156,7 @@ class RayShardRunner:
 
     def process(self, attempt: ShardAttempt) -> ShardAttempt:
         """Data-Juicer's RayExecutor on the loaded shard, actor-mode ops on the job's warm actors."""
-        with attempt_log(attempt.dir / LOG_NAME, self.log_level):
+        with attempt_log(attempt.files.log, self.log_level):
             from loguru import logger
 
             attempt.started = time.perf_counter()
@@ -367,14 +179,16 @@ class RayShardRunner:
         from data_juicer.core.executor.ray_executor import RayExecutor
 
         executor = RayExecutor(attempt.cfg)
-        sink = opcounts.new_sink() if opcounts.enabled() else None
+        sink = op_counts.new_sink() if op_counts.enabled() else None
         try:
-            executor.datasetbuilder = loader = ShardLoader(executor.cfg, sink, attempt.data)
+            loader = ShardLoader(executor.cfg, sink, attempt.data)
+            if not dj_patches.use_shard_loader(executor, loader):
+                loader = None  # Data-Juicer reads the shard itself; nothing counted
             with attempt.job.warm.active(attempt.cfg.work_dir):
                 dataset = executor.run()
             rows = dataset.data.count() if dataset is not None else None
-            if sink:
-                opcounts.collect(sink, loader.dataset.op_names, loader.rows_in, rows, attempt.dir)
+            if sink and loader is not None:
+                op_counts.collect(sink, loader.dataset.op_names, loader.rows_in, rows, attempt.dir)
         finally:
             if sink:
                 shutil.rmtree(sink, ignore_errors=True)
@@ -383,7 +197,7 @@ class RayShardRunner:
     def finish(self, attempt: ShardAttempt) -> None:
         """Join Ray's part files, in order, into the attempt's output; check the row count."""
         t2 = time.perf_counter()
-        export_path = attempt.dir / EXPORT_NAME
+        export_path = attempt.files.ray_export
         rows = join_parts(export_path, attempt.output)
         if attempt.expected is not None and rows != attempt.expected:
             raise IntegrityError(
@@ -392,7 +206,7 @@ class RayShardRunner:
         remove(export_path)
         attempt.seconds.update(run=attempt.ended - attempt.started, join=time.perf_counter() - t2)
         self.timings.append({**attempt.seconds, "rows": rows, "start": attempt.started, "end": attempt.ended})
-        with open(attempt.dir / LOG_NAME, "a", encoding="utf-8") as log:
+        with open(attempt.files.log, "a", encoding="utf-8") as log:
             log.write(
                 f"shard {Path(attempt.cfg.dataset_path).name}: {rows} rows (load {attempt.seconds['load']:.2f}s, "
                 f"Data-Juicer {attempt.seconds['run']:.2f}s, join {attempt.seconds['join']:.2f}s)\n"
