@@ -38,7 +38,7 @@ from data_juicer_elastic.ray_runner.runtime import (
 )
 from data_juicer_elastic.ray_runner.shard_errors import arrow_read_options, classify
 from data_juicer_elastic.ray_runner.shard_io import ShardLoader, join_parts, read_shard, remove
-from data_juicer_elastic.ray_runner.warm_ops import WarmOps
+from data_juicer_elastic.ray_runner.warm_ops import WarmOps, install_warm_ops
 
 
 def recurring(exc: Exception, shard: str, job: _Job) -> Exception:
@@ -120,7 +120,9 @@ class RayShardRunner:
             if os.path.realpath(path).startswith(os.path.realpath(job.root) + os.sep):
                 raise UserError(f"custom_operator_paths entry {path} lies inside the job directory; refusing to run it")
         self._started_ray |= start_ray(self.ray_address, operator_paths)
-        report_patches()
+        configure_ray_data()
+        install_warm_ops()  # inert until a shard's plan is built
+        report_patches()  # one line naming the Data-Juicer and Ray patches that did not apply
         load_custom_operators_once(operator_paths)
         cfg = parse_recipe(recipe, str(Path(key, RECIPE_NAME)))
         cfg.custom_operator_paths = operator_paths or None

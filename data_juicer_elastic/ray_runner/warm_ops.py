@@ -189,7 +189,7 @@ class WarmOps:
     def active(self, work_dir: str | None) -> Iterator[None]:
         """Actor-mode ops planned in this thread meanwhile run on the warm pools (where Ray lets us route
         ``Dataset.map_batches``, patches/ray.py; else they run as Data-Juicer runs them)."""
-        ray_patches.route_map_batches(_map_batches)
+        install_warm_ops()
         _state.session = (self, work_dir, Counter())
         try:
             yield
@@ -280,3 +280,8 @@ def _map_batches(self: Any, fn: Any, *args: Any, **kw: Any) -> Any:
         if count is not None:
             fn, kw = CountedOp, counted_actor(fn, kw, count)
     return ray_patches.original_map_batches(self, fn, *args, **kw)
+
+
+def install_warm_ops() -> bool:
+    """Route ``Dataset.map_batches`` through :func:`_map_batches` (inert outside :meth:`WarmOps.active`)."""
+    return ray_patches.route_map_batches(_map_batches)
