@@ -8,12 +8,18 @@ The package is laid out by layer (docs/DESIGN.md):
 * ``worker/`` - the claim loop, tail pacing, output checks
 * ``merge``, ``status`` - the ordered verified merge and read-only views
 * ``coordination/`` - run ids, elections, one process's part of a submission
-* ``plugin/`` - everything that imports Ray or Data-Juicer: the executor,
-  the shard runner, the config schema, parse-time validation, the hook
+* ``console`` - the story console and each attempt's log
+* ``patches/`` - every change to Data-Juicer's, Ray's and loguru's internals, one module per host
+* ``plugin/`` - Data-Juicer's front door: the executor, entry-point registry,
+  config schema, parse-time validation, the activation hook
+* ``ray_runner/`` - one shard through Data-Juicer's RayExecutor on the node-local
+  Ray: runtime, shard I/O, failure classes, warm actors, op counting
 
-Only ``plugin/`` imports Ray or Data-Juicer (tests/test_layers.py holds it to
-that). This module is imported at interpreter start by the activation hook's
-``.pth`` file, so the names below are loaded on first use.
+Only ``plugin/`` and ``ray_runner/`` import Ray or Data-Juicer, ``patches/`` only
+inside functions, and ``plugin/`` leaves ``ray_runner/`` unloaded until a
+runner is built (tests/test_layers.py holds it to that). This module is
+imported at interpreter start by the activation hook's ``.pth`` file, so the
+names below are loaded on first use.
 """
 
 __version__ = "0.1.0"
@@ -42,7 +48,7 @@ _LAZY = {
     "requeue": "data_juicer_elastic.job.records.retry",
     "JobSpec": "data_juicer_elastic.coordination.session",
     "run_job": "data_juicer_elastic.coordination.session",
-    "RayShardRunner": "data_juicer_elastic.plugin.runner",
+    "RayShardRunner": "data_juicer_elastic.ray_runner.runner",
     "ElasticShardExecutor": "data_juicer_elastic.plugin.executor",
 }
 

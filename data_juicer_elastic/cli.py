@@ -151,8 +151,8 @@ def cmd_worker(a: Namespace) -> int:
     if a.runner:
         runner = load_runner(a.runner)
     else:
-        from data_juicer_elastic.plugin.console import install_story_console
-        from data_juicer_elastic.plugin.runner import RayShardRunner
+        from data_juicer_elastic.console import install_story_console
+        from data_juicer_elastic.ray_runner.runner import RayShardRunner
 
         install_story_console()  # DJ_ELASTIC_CONSOLE=full keeps Data-Juicer's and Ray's output
         runner = RayShardRunner(ray_address=a.ray_address or job.manifest().policy.ray_address)

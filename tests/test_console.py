@@ -103,7 +103,7 @@ def test_full_console_is_one_switch_away(tmp_path):
 
 def test_ray_worker_lines_arriving_after_their_attempt_go_to_its_log(tmp_path):
     """Ray forwards worker output late: a line after the attempt ended lands in that attempt's log."""
-    from data_juicer_elastic.plugin import console
+    from data_juicer_elastic import console
 
     first = tmp_path / "first.log"
     with console.attempt_log(first):
@@ -111,3 +111,59 @@ def test_ray_worker_lines_arriving_after_their_attempt_go_to_its_log(tmp_path):
     console._worker_lines_to_attempt_log({"pid": 7, "lines": ["after it ended"]})
     text = first.read_text()
     assert "while it ran" in text and "(ray worker pid=7) after it ended" in text, text
+
+
+def test_late_worker_lines_with_their_own_time_go_to_the_attempt_that_ran_then(tmp_path, monkeypatch):
+    """Issue 26: a stamped line that arrives while a later attempt runs still goes to the attempt of its time."""
+    from datetime import datetime, timedelta
+
+    from data_juicer_elastic import console
+
+    monkeypatch.setattr(console, "_attempt_times", type(console._attempt_times)(maxlen=16))
+    first, second = tmp_path / "first.log", tmp_path / "second.log"
+    with console.attempt_log(first):
+        written = datetime.now()
+    stamp = written.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    console._attempt_times[-1] = (first, written - timedelta(seconds=1))  # it began before the line
+    with console.attempt_log(second):
+        console._attempt_times[-1] = (second, written + timedelta(seconds=1))  # it began after the line
+        console._worker_lines_to_attempt_log(
+            {"pid": 9, "task_name": "MapBatches", "lines": [f"{stamp} | INFO | op:1 - late", "plain, unstamped"]}
+        )
+    assert "late" in first.read_text() and "late" not in second.read_text()
+    assert "(MapBatches pid=9) plain, unstamped" in second.read_text()  # no time: the attempt running now
+
+
+WARNINGS_PROBE = """
+import sys, warnings
+from loguru import logger
+logger.remove()
+logger.add(sys.stderr, level="INFO")  # as Data-Juicer sets its console up
+from data_juicer_elastic import console
+assert console.install_story_console("story")
+def numpy_like():
+    warnings.warn("Mean of empty slice", RuntimeWarning)
+def numpy_like_elsewhere():
+    warnings.warn("Mean of empty slice", RuntimeWarning)
+numpy_like()
+numpy_like_elsewhere()  # the same text from another line: once on the console
+with console.attempt_log(sys.argv[1]):
+    warnings.warn("Use 'expr' instead of 'fn' when possible for performant filters.")
+    logger.warning("Warning: The Ray cluster currently does not have any available CPUs. The Dataset job will hang")
+    logger.info("an attempt's detail")
+"""
+
+
+def test_misleading_and_repeated_warnings_stay_off_the_story_console(tmp_path):
+    """Issue 24: Ray's 'no available CPUs' and 'use expr' warnings in the attempt's log only; a warning once."""
+    log = tmp_path / "process.log"
+    out = subprocess.run(
+        [sys.executable, "-c", WARNINGS_PROBE, str(log)], capture_output=True, text=True, env=env_with(), timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.count("RuntimeWarning: Mean of empty slice") == 1, out.stderr
+    assert "warnings.warn(" not in out.stderr and ".py:" not in out.stderr  # no source line on the console
+    assert "available CPUs" not in out.stderr and "instead of 'fn'" not in out.stderr, out.stderr
+    assert "an attempt's detail" not in out.stderr
+    text = log.read_text()
+    assert "available CPUs" in text and "Use 'expr' instead of 'fn'" in text and "an attempt's detail" in text

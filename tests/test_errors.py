@@ -28,8 +28,6 @@ def _no_space() -> OSError:
 
 
 def _samples() -> list[BaseException]:
-    from data_juicer_elastic.plugin.patches import _Handoff, _UserFailure
-
     failed = JobFailed("job ended with exit code 3")
     failed.exit_code = 3
     return [
@@ -45,8 +43,6 @@ def _samples() -> list[BaseException]:
         NoSpace(Path("/job/attempts/x"), _no_space()),
         Interrupted(15),
         Fenced(),
-        _Handoff({"executor_type": "elastic_shard"}),
-        _UserFailure(UserError("bad key")),
     ]
 
 

@@ -13,9 +13,9 @@ import shutil
 import pyarrow as pa
 import pytest
 
-from data_juicer_elastic.plugin import op_tally
-from data_juicer_elastic.plugin.count_hooks import CountedOp, Target, count_op, counted_actor
-from data_juicer_elastic.plugin.opcounts import per_op
+from data_juicer_elastic.ray_runner.op_counts import tally as op_tally
+from data_juicer_elastic.ray_runner.op_counts.collect import per_op
+from data_juicer_elastic.ray_runner.op_counts.hooks import CountedOp, Target, count_op, counted_actor
 
 IN, OUT, ERR, IN_CALLS, OUT_CALLS = range(op_tally.WIDTH)
 

@@ -7,6 +7,7 @@ hook patched it when Data-Juicer was imported); nothing here starts Ray.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -524,3 +525,55 @@ def test_auto_num_shards_sizes_the_files_prepare_reads(tmp_path, monkeypatch):
     assert executor.input_bytes(str(data), str(data / "job")) == 14 * 600 == sum(s.seen.size for s in read)
     monkeypatch.setattr(executor, "AUTO_SHARD_BYTES", 14 * 100)
     assert executor.auto_num_shards(str(data), None, str(data / "job")) == 6
+
+
+# --------------------------------------------------------------------------- other executors as shipped
+LOGURU_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+ \| (\w+)\s*\| ([\w.<>]+:[\w<>]+) - (.*)$", re.M)
+CAUGHT = re.compile(r"An error has been caught in function '([^']+)'")
+
+
+def _shape(console: str) -> dict:
+    """What a plain run's console is made of, without times, pids and paths: where each of Data-Juicer's
+    log lines comes from, the config table's keys, what ``main``'s ``logger.catch`` says, the last line."""
+    return {
+        "log": [(level, where) for level, where, _ in LOGURU_LINE.findall(console)],
+        "table": re.findall(r"^│ (\S+)", console, re.M),
+        "caught": CAUGHT.findall(console),
+        "error": console.strip().splitlines()[-1],
+    }
+
+
+@pytest.mark.slow
+def test_a_failing_plain_ray_run_looks_as_shipped(tmp_path):
+    """Issue 24: with another executor the installed plugin leaves Data-Juicer's output and log as shipped.
+
+    The same failing ``executor_type: ray`` recipe (an op's text_key the data does not have, which
+    Data-Juicer's preflight refuses inside RayExecutor.run) runs with the plugin active and switched off.
+    """
+    from tests.reference import dj_process, write_jsonl
+
+    write_jsonl(tmp_path / "data.jsonl", [{"text": f"row {i} text"} for i in range(4)])
+    shapes, written = {}, {}
+    for label, env in (("plugin", {}), ("disabled", {"DJ_ELASTIC_DISABLE": "1"})):
+        recipe = write_recipe(
+            tmp_path / f"{label}.yaml",
+            project_name="failing",
+            dataset_path=str(tmp_path / "data.jsonl"),
+            export_path=str(tmp_path / label / "out.jsonl"),
+            executor_type="ray",
+            ray_address="local",
+            np=1,
+            process=[{"text_length_filter": {"min_len": 3, "text_key": "no_such_key"}}],
+        )
+        out = dj_process("--config", str(recipe), cwd=tmp_path, env=env)
+        console = out.stdout + out.stderr
+        assert out.returncode == 1, console[-3000:]
+        assert "no_such_key" in console and "data_juicer_elastic" not in console, console[-3000:]
+        shapes[label] = _shape(console)
+        files = (p.relative_to(tmp_path / label) for p in (tmp_path / label).rglob("*") if p.is_file())
+        job_id = re.compile(r"\d{8}_\d{6}_[0-9a-f]{6}")  # Data-Juicer's work dir: time and a random part
+        written[label] = sorted(re.sub(r"\d", "#", job_id.sub("JOB", str(f))).replace(label, "RECIPE") for f in files)
+    assert shapes["plugin"]["caught"] == ["<module>"]  # main's logger.catch sees dj-process's own frame
+    assert shapes["plugin"]["log"] and shapes["plugin"]["table"]
+    assert shapes["plugin"] == shapes["disabled"]
+    assert written["plugin"] == written["disabled"]

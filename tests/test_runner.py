@@ -14,9 +14,11 @@ from jsonargparse import Namespace
 from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.manifest import Policy
-from data_juicer_elastic.plugin import shard_io
-from data_juicer_elastic.plugin.runner import RayShardRunner, attempt_config, join_parts
 from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
+from data_juicer_elastic.ray_runner import shard_io
+from data_juicer_elastic.ray_runner.configs import attempt_config
+from data_juicer_elastic.ray_runner.runner import RayShardRunner
+from data_juicer_elastic.ray_runner.shard_io import join_parts
 
 for _key, _value in {
     "HF_HUB_OFFLINE": "1",

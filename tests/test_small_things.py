@@ -88,7 +88,7 @@ def test_a_shard_line_maps_back_to_its_input_file_and_line(tmp_path):
 
 
 def test_longest_line_is_exact_for_long_lines(tmp_path):
-    from data_juicer_elastic.plugin.shard_errors import DEFAULT_BLOCK, block_size_for, longest_line
+    from data_juicer_elastic.ray_runner.shard_errors import DEFAULT_BLOCK, block_size_for, longest_line
 
     path = tmp_path / "s.jsonl"
     long = b'{"t": "' + b"x" * (3 * DEFAULT_BLOCK) + b'"}\n'

@@ -1,4 +1,7 @@
-"""Data-Juicer integration: executor registry, ``elastic_shard`` config, validation, hook.
+"""Data-Juicer's front door: executor registry, ``elastic_shard`` config, validation, hook, executor.
+
+The Ray shard runner lives in ``ray_runner/``, imported only when a runner is
+built; what this package changes inside Data-Juicer is in ``patches/data_juicer.py``.
 
 This package is imported at interpreter start by ``data_juicer_elastic.pth``
 (only :mod:`.hook` is), so it must stay free of imports; the public helpers

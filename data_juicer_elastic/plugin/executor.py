@@ -5,7 +5,8 @@ each one runs :meth:`ElasticShardExecutor.run`, a thin call into
 ``coordination.run_job``. This module only translates the parsed recipe into
 the coordination's :class:`JobSpec`: how to build the prepare request (the
 recipe snapshot taken at parse time, the policy, the media and index keys)
-and how to build this host's runner (:class:`RayShardRunner`).
+and how to build this host's runner (the Ray shard runner, imported only when
+a runner is built: the front door does not load ray_runner/).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.manifest import Policy
 from data_juicer_elastic.job.versions import current_versions
 from data_juicer_elastic.plugin.recipe import snapshot_of
-from data_juicer_elastic.plugin.runner import RayShardRunner
 from data_juicer_elastic.plugin.schema import NAME, ElasticShardSettings, settings_from_cfg
 from data_juicer_elastic.plugin.validation import recipe_keys
 from data_juicer_elastic.prepare.driver import PrepareRequest
@@ -81,8 +81,11 @@ def prepare_request(cfg: Any, recipe_text: str) -> PrepareRequest:
     )
 
 
-def make_runner(job_dir: str) -> RayShardRunner:
-    """This host's runner for one generation's folder, started now (Ray, custom operators, recipe) to fail fast."""
+def make_runner(job_dir: str) -> Any:
+    """This host's RayShardRunner for one generation's folder, started now (Ray, custom operators, recipe)
+    to fail fast."""
+    from data_juicer_elastic.ray_runner.runner import RayShardRunner
+
     runner = RayShardRunner(ray_address=JobDir(job_dir).manifest().policy.ray_address)
     runner.prepare_job(job_dir)
     return runner

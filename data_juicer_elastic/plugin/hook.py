@@ -4,8 +4,8 @@
 calls :func:`install`. That must stay cheap (no Data-Juicer, no jsonargparse,
 nothing beyond ``sys``): the finder only looks at three module names and
 otherwise answers ``None`` at once. When one of them is imported, the real
-loader runs first and the patch (in :mod:`.patches`, which may import
-Data-Juicer) is applied to the finished module before anyone uses it.
+loader runs first and the patch (in :mod:`data_juicer_elastic.patches.data_juicer`,
+which may import Data-Juicer) is applied to the finished module before anyone uses it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from types import ModuleType  # tiny and usually loaded already; typing would co
 
 DISABLE_ENV = "DJ_ELASTIC_DISABLE"
 
-# module name -> name of the function in .patches that extends it
+# module name -> name of the function in patches/data_juicer.py that extends it
 TARGETS: dict[str, str] = {
     "data_juicer.config.config": "patch_config",
     "data_juicer.core.executor.factory": "patch_factory",
@@ -32,7 +32,7 @@ def apply_patch(module: ModuleType) -> None:
     """Extend ``module`` once (idempotent, so ``importlib.reload`` is safe)."""
     if getattr(module, "__dj_elastic_patched__", False):
         return
-    from data_juicer_elastic.plugin import patches
+    from data_juicer_elastic.patches import data_juicer as patches
 
     # False when Data-Juicer's version is not one whose internals the patches know
     module.__dj_elastic_patched__ = bool(getattr(patches, TARGETS[module.__name__])(module))

@@ -30,9 +30,9 @@ from bench_end_to_end import PROCESS, b1_parser, generate
 
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.manifest import Policy
-from data_juicer_elastic.plugin.opcounts import COUNT_ENV
-from data_juicer_elastic.plugin.runner import RayShardRunner
 from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
+from data_juicer_elastic.ray_runner.op_counts.collect import COUNT_ENV
+from data_juicer_elastic.ray_runner.runner import RayShardRunner
 
 TARGET = 1.02
 

@@ -155,8 +155,8 @@ def b8(a: argparse.Namespace, tmp: Path) -> bool:
     import inspect
 
     from data_juicer_elastic.job.manifest import Policy
-    from data_juicer_elastic.plugin.runner import RayShardRunner
     from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
+    from data_juicer_elastic.ray_runner.runner import RayShardRunner
     from data_juicer_elastic.worker.loop import run_worker
 
     os.environ.update(OFFLINE)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from data_juicer_elastic.errors import IntegrityError
-from data_juicer_elastic.plugin.shard_errors import read_options_for
+from data_juicer_elastic.ray_runner.shard_errors import read_options_for
 from data_juicer_elastic.storage.blocks import Digester, blocks
 
 _PART_RE = re.compile(r"^(?P<prefix>.+)_(?P<task>\d{6,})\.json$")
@@ -40,7 +40,7 @@ class ShardLoader:
         self.rows_in = 0
 
     def load_dataset(self, **_: Any) -> Any:
-        from data_juicer_elastic.plugin.opcounts import counting_dataset_class
+        from data_juicer_elastic.patches.data_juicer import counting_dataset_class
 
         data = self.data if self.data is not None else read_shard(self.cfg)
         self.rows_in = data.count()  # metadata of a materialised dataset: no pass over the rows

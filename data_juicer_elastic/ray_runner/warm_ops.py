@@ -21,7 +21,7 @@ model once per shard. Here the op's actors are started once per job instead:
 * A router actor (async, no resources) sends each batch to the least busy
   actor of its pool, so the forwarding tasks never need to know which actor
   is free, and the pool's actors are used evenly whatever the block count.
-* The op counts its rows (plugin/count_hooks.py) as in a plain run: a warm
+* The op counts its rows (ray_runner/op_counts/hooks.py) as in a plain run: a warm
   actor's op is wrapped once, and each batch says which attempt's counters
   and which op index it counts into. An op that runs cold is built by
   :class:`CountedOp` around its class for the same reason.
@@ -49,13 +49,12 @@ from typing import Any
 
 import ray
 
-from data_juicer_elastic.plugin.count_hooks import CountedOp, Target, count_op, counted_actor, planned
+from data_juicer_elastic.patches import ray as ray_patches
+from data_juicer_elastic.ray_runner.op_counts.hooks import CountedOp, Target, count_op, counted_actor, planned
 
 PER_ACTOR_DEFAULT_CPUS = 1.0  # what Ray Data reserves for a map actor that names no num_cpus
 FORWARD_TASKS_PER_ACTOR = 2  # in-flight batches per warm actor: the next one is queued while one runs
 _state = threading.local()  # .session: (WarmOps, work_dir, Counter) of the shard being planned here
-_install_lock = threading.Lock()
-_original_map_batches: Any = None
 
 
 # --------------------------------------------------------------------------- actors
@@ -188,8 +187,9 @@ class WarmOps:
 
     @contextmanager
     def active(self, work_dir: str | None) -> Iterator[None]:
-        """Actor-mode ops planned in this thread meanwhile run on the warm pools."""
-        _install()
+        """Actor-mode ops planned in this thread meanwhile run on the warm pools (where Ray lets us route
+        ``Dataset.map_batches``, patches/ray.py; else they run as Data-Juicer runs them)."""
+        install_warm_ops()
         _state.session = (self, work_dir, Counter())
         try:
             yield
@@ -276,16 +276,12 @@ def _map_batches(self: Any, fn: Any, *args: Any, **kw: Any) -> Any:
         count = planned()
         new = warm.rewrite(fn, kw, work_dir, seen, count)
         if new is not None:
-            return _original_map_batches(self, forward_batch, **new)
+            return ray_patches.original_map_batches(self, forward_batch, **new)
         if count is not None:
             fn, kw = CountedOp, counted_actor(fn, kw, count)
-    return _original_map_batches(self, fn, *args, **kw)
+    return ray_patches.original_map_batches(self, fn, *args, **kw)
 
 
-def _install() -> None:
-    """Route ``Dataset.map_batches`` through :func:`_map_batches` (once per process; inert outside ``active``)."""
-    global _original_map_batches
-    with _install_lock:
-        if _original_map_batches is None:
-            _original_map_batches = ray.data.Dataset.map_batches
-            ray.data.Dataset.map_batches = _map_batches
+def install_warm_ops() -> bool:
+    """Route ``Dataset.map_batches`` through :func:`_map_batches` (inert outside :meth:`WarmOps.active`)."""
+    return ray_patches.route_map_batches(_map_batches)

@@ -1,12 +1,13 @@
-"""The op's own batch calls count the rows they see (see opcounts for where the counts go).
+"""The op's own batch calls count the rows they see (see collect.py for where the counts go).
 
 Data-Juicer runs a Mapper as ``map_batches(op.process)`` and a Filter as
 ``map_batches(op.compute_stats)`` then a filter step over ``op.process``;
-in actor mode Ray (or a warm actor, plugin/warm_ops.py) builds the op from
+in actor mode Ray (or a warm actor, ray_runner/warm_ops.py) builds the op from
 its class and calls ``op(batch)``, which is the same ``process`` /
-``compute_stats``. Wrapping those methods on the op instance makes the
-batch call Data-Juicer already makes do the counting: no extra Ray stage,
-no extra pass over a block.
+``compute_stats``. Wrapping those methods on the op instance (patches/data_juicer.py, which
+knows Data-Juicer's methods) makes the batch call Data-Juicer already makes
+do the counting: no extra Ray stage, no extra pass over a block. This module
+holds what is counted.
 
 - a Mapper's ``process`` counts rows in and rows out;
 - a Filter's ``compute_stats`` counts rows in, its ``process`` the rows kept;
@@ -27,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from data_juicer_elastic.plugin import op_tally
+from data_juicer_elastic.ray_runner.op_counts import tally
 
 _planning = threading.local()  # .target: the Target of the op whose Ray stages this thread is planning
 
@@ -42,13 +43,9 @@ class Target:
 
 def count_op(op: Any, target: Target) -> None:
     """Make ``op``'s batch calls count into ``target`` (read at call time: a warm actor re-aims it per batch)."""
-    from data_juicer.ops.base_op import Filter, Mapper
+    from data_juicer_elastic.patches.data_juicer import count_batch_calls
 
-    if isinstance(op, Mapper):
-        op.process = _counting(_catching(op, "process", target), target, _mapped)
-    elif isinstance(op, Filter):
-        op.compute_stats = _counting(_catching(op, "compute_stats", target), target, _entered)
-        op.process = _counting(_catching(op, "process", target), target, _kept if op.is_batched_op() else _kept_one)
+    count_batch_calls(op, target)
 
 
 @contextmanager
@@ -92,15 +89,15 @@ def _rows(batch: Any) -> int:
     return rows if rows is not None else len(batch)
 
 
-def _mapped(samples: Any, result: Any) -> tuple[tuple[int, int, int, int, int], Any]:
+def mapped(samples: Any, result: Any) -> tuple[tuple[int, int, int, int, int], Any]:
     return (_rows(samples), _rows(result), 0, 1, 1), result
 
 
-def _entered(samples: Any, result: Any) -> tuple[tuple[int, int, int, int, int], Any]:
+def entered(samples: Any, result: Any) -> tuple[tuple[int, int, int, int, int], Any]:
     return (_rows(samples), 0, 0, 1, 0), result
 
 
-def _kept(samples: Any, result: Any) -> tuple[tuple[int, int, int, int, int], Any]:
+def kept(samples: Any, result: Any) -> tuple[tuple[int, int, int, int, int], Any]:
     if isinstance(result, dict):  # a batch that raised, as catch_map_batches_exception returns it
         return (0, 0, 0, 0, 1), result
     if isinstance(result, Iterator):  # Data-Juicer's map(): read it once, hand the list on to pyarrow.array
@@ -109,46 +106,35 @@ def _kept(samples: Any, result: Any) -> tuple[tuple[int, int, int, int, int], An
     return (0, kept, 0, 0, 1), result
 
 
-def _kept_one(sample: Any, result: Any) -> tuple[tuple[int, int, int, int, int], Any]:
+def kept_one(sample: Any, result: Any) -> tuple[tuple[int, int, int, int, int], Any]:
     return (0, 1 if result else 0, 0, 0, 1), result
 
 
-def _counting(method: Callable, target: Target, tally: Callable) -> Callable:
+def counting(method: Callable, target: Target, measure: Callable) -> Callable:
+    """``method`` counting into ``target`` what ``measure`` reads off each call (mapped, entered, kept)."""
+
     @functools.wraps(method)
     def counted(samples: Any, *args: Any, **kwargs: Any) -> Any:
         result = method(samples, *args, **kwargs)
         if target.sink is None:
             return result
-        delta, result = tally(samples, result)
-        op_tally.add(target.sink, target.index, delta)
+        delta, result = measure(samples, result)
+        tally.add(target.sink, target.index, delta)
         return result
 
     return counted
 
 
-def _catching(op: Any, attr: str, target: Target) -> Callable:
-    """``op``'s ``attr`` as Data-Juicer wraps it, with the rows of a batch that raised counted inside."""
-    from data_juicer.ops.base_op import Filter, catch_map_batches_exception, catch_map_single_exception
+def noting_errors(method: Callable, batched: bool, target: Target) -> Callable:
+    """``method`` counting the rows of a call that raised (then re-raising, for Data-Juicer to catch)."""
 
-    if not getattr(op, "skip_op_error", False):
-        return getattr(op, attr)  # an error fails the attempt: nothing to count
-    batched = op.is_batched_op()
-    raw = getattr(op, f"{attr}_batched" if batched else f"{attr}_single")
-    noted = _noting_errors(raw, batched, target)
-    if batched:
-        return catch_map_batches_exception(noted, skip_op_error=True, op_name=op._name)
-    keep = not (isinstance(op, Filter) and attr == "process")
-    return catch_map_single_exception(noted, return_sample=keep, skip_op_error=True, op_name=op._name)
-
-
-def _noting_errors(method: Callable, batched: bool, target: Target) -> Callable:
     @functools.wraps(method)
     def noting(samples: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return method(samples, *args, **kwargs)
         except Exception:
             if target.sink is not None:
-                op_tally.add(target.sink, target.index, (0, 0, _rows(samples) if batched else 1, 0, 0))
+                tally.add(target.sink, target.index, (0, 0, _rows(samples) if batched else 1, 0, 0))
             raise
 
     return noting

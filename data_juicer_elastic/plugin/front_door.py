@@ -1,0 +1,140 @@
+"""What the Data-Juicer patches (patches/data_juicer.py) do once they are in place.
+
+The patches decide where this package steps into Data-Juicer; this module
+decides what happens there: the parser gains the registered executor types
+and the ``elastic_shard`` keys, an ``elastic_shard`` recipe is validated and
+snapshotted before Data-Juicer writes anything, and ``dj-process`` runs a
+registered executor the way it runs its own. A recipe for any other executor
+goes through Data-Juicer exactly as shipped.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+from data_juicer_elastic.errors import ElasticError
+from data_juicer_elastic.plugin import registry
+from data_juicer_elastic.plugin.schema import KEY, NAME
+
+# the parser built most recently by build_base_parser (its defaults feed the snapshot)
+_last_parser: list[Any] = [None]
+
+
+def extend_parser(parser: Any) -> Any:
+    """Registered executor types become valid choices; the elastic_shard keys are added."""
+    from data_juicer_elastic.plugin.schema import add_arguments
+
+    for action in parser._actions:
+        if getattr(action, "dest", None) == "executor_type" and action.choices is not None:
+            extra = [n for n in registry.names() if n not in action.choices]
+            action.choices = list(action.choices) + extra
+            if extra:
+                action.help = f"{action.help} Registered by plugins: {', '.join(extra)}."
+    add_arguments(parser)
+    _last_parser[0] = parser
+    return parser
+
+
+def on_parsed(cfg: Any, normalize: Any = None) -> None:
+    """For elastic_shard: validate the recipe and take its snapshot (raises UserError).
+
+    ``normalize`` is applied to the parser defaults as Data-Juicer already
+    applied it to ``cfg``, so its rewrites do not count as recipe settings.
+    """
+    if cfg.get("executor_type") != NAME:
+        return
+    from data_juicer.ops.base_op import OPERATORS
+
+    from data_juicer_elastic.plugin.recipe import effective_process, effective_recipe, remember, to_yaml
+    from data_juicer_elastic.plugin.validation import validate
+
+    parser = _last_parser[0]
+    defaults = parser.get_defaults() if parser is not None else {}
+    if normalize is not None and defaults:
+        normalize(defaults)
+    process = effective_process(cfg, defaults)
+    config = cfg.get("config")
+    validate(cfg, process, source=os.path.abspath(str(config[0])) if config else None)
+    remember(cfg, to_yaml(effective_recipe(cfg, defaults, frozenset(OPERATORS.modules))))
+
+
+def before_setup(cfg: Any, normalize: Any = None) -> None:
+    """Before Data-Juicer's setup creates its work dir, logs and backups.
+
+    Another executor's config loses the (unused, default) ``elastic_shard``
+    block the extended parser gave it, so Data-Juicer's config table, backup
+    and executor see the config as shipped.
+    """
+    if cfg.get("executor_type") != NAME:
+        if KEY in cfg:
+            del cfg[KEY]
+        return
+    on_parsed(cfg, normalize)
+    if not cfg.get("work_dir"):
+        # Data-Juicer would make a timestamped folder beside export_path on every run
+        from data_juicer_elastic.job.layout import DJ_WORK
+        from data_juicer_elastic.plugin.schema import settings_from_cfg
+
+        cfg.work_dir = os.path.join(os.path.abspath(settings_from_cfg(cfg).job_dir), DJ_WORK)
+
+
+def after_setup(cfg: Any) -> None:
+    """After Data-Juicer set its logger up, before the config table: the story console, then one line
+    naming any patch that did not apply."""
+    if cfg.get("executor_type") != NAME:
+        return
+    from loguru import logger
+
+    from data_juicer_elastic import patches
+    from data_juicer_elastic.console import install_story_console
+    from data_juicer_elastic.plugin.schema import settings_from_cfg
+
+    install_story_console(settings_from_cfg(cfg).console)
+    patches.report(logger.warning)
+
+
+def shows_config_table(cfg: Any) -> bool:
+    """The resolved recipe of an elastic job is in the job dir (recipe.yaml) and Data-Juicer's work dir backup."""
+    from data_juicer_elastic.console import story_on
+
+    return not (cfg.get("executor_type") == NAME and story_on())
+
+
+def is_registered_type(cfg: Any) -> bool:
+    executor_type = cfg.get("executor_type")
+    return executor_type not in registry.BUILTIN and registry.is_registered(executor_type)
+
+
+def report(error: ElasticError) -> int:
+    """The one-line error, after every queued log line (Data-Juicer's loguru sinks write from a thread)."""
+    from loguru import logger
+
+    logger.complete()
+    sys.stderr.write(f"dj-process: error: {error}\n")
+    sys.stderr.flush()
+    return error.exit_code
+
+
+def run_registered(timing_context: Any, cfg: Any, started: float) -> int:
+    """Construct and run a registered executor the way dj-process runs built-in ones; the exit code."""
+    from loguru import logger
+
+    logger.info(f"Loading configuration took {time.time() - started:.2f} seconds")
+
+    @logger.catch(reraise=True, exclude=ElasticError)
+    def run() -> Any:
+        with timing_context("Initializing executor"):
+            executor = registry.load(cfg.executor_type)(cfg)
+        with timing_context("Running executor"):
+            return executor.run()
+
+    try:
+        result = run()
+    except ElasticError as exc:
+        return report(exc)
+    except Exception:  # already logged with its traceback by logger.catch
+        return 2
+    return result if isinstance(result, int) else 0
