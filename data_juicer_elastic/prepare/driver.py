@@ -47,7 +47,7 @@ from data_juicer_elastic.prepare.inputs import (
     materialise,
 )
 from data_juicer_elastic.prepare.pool import Counter, make_pool
-from data_juicer_elastic.prepare.schema import Conflict, describe, kinds_at, merge, resolve
+from data_juicer_elastic.prepare.schema import Conflict, describe, first_conflict, kinds_at, merge, resolve
 from data_juicer_elastic.prepare.shards import (
     ShardOutcome,
     ShardTask,
@@ -280,10 +280,10 @@ class _Build:
         merged: list = []
         for outcome in outcomes:
             merged = merge(merged, outcome.columns or [])
-        try:
-            return resolve(merged)
-        except Conflict as conflict:
-            raise self._conflict_error(conflict, outcomes, tasks, mats) from None
+        conflict = first_conflict(merged)
+        if conflict is not None:
+            raise self._conflict_error(conflict, outcomes, tasks, mats)
+        return resolve(merged)
 
     def _conflict_error(
         self, conflict: Conflict, outcomes: list[ShardOutcome], tasks: list[ShardTask], mats: list[Materialised]

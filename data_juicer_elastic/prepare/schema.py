@@ -14,7 +14,7 @@ The recorded form (``Manifest.columns``) is plain JSON: a type is ``"null"``,
 ``["object", [[name, type], ...]]``; fields keep their first-seen order, as
 Arrow orders them. Kinds Arrow cannot hold in one column (a number and a
 string, an object and a string, a boolean and a number, also inside lists)
-are :class:`Conflict`; a whole-input Arrow read fails on them too.
+are a :class:`Conflict` (``first_conflict``); a whole-input Arrow read fails on them too.
 """
 
 from __future__ import annotations
@@ -116,30 +116,46 @@ def _merge_node(a: Summary, b: Summary) -> Summary:
 
 
 @dataclass(frozen=True)
-class Conflict(Exception):
+class Conflict:
     """Kinds Arrow cannot hold in one column, at ``path`` (e.g. ``("meta", "date")``; ``"[]"`` is a list's items)."""
 
     path: tuple[str, ...]
     kinds: tuple[str, ...]  # as JSON names them: number, string, boolean, object, array
 
 
-def resolve(fields: list[list[Any]], path: tuple[str, ...] = ()) -> list[list[Any]]:
-    """The recorded columns of a merged summary; Conflict for the first position holding two kinds."""
-    return [[key, _resolve_node(node, (*path, key))] for key, node in fields]
+def first_conflict(fields: list[list[Any]], path: tuple[str, ...] = ()) -> Conflict | None:
+    """The first position of a merged summary that holds two kinds Arrow cannot unify (None: there is none)."""
+    for key, node in fields:
+        found = _node_conflict(node, (*path, key))
+        if found is not None:
+            return found
+    return None
 
 
-def _resolve_node(node: Summary, path: tuple[str, ...]) -> ColumnType:
-    kinds = [t for t in node["t"] if t != "null"]
-    if all(t in _NUMBER for t in kinds) and kinds:
-        return "float" if "float" in kinds else "int"
+def _node_conflict(node: Summary, path: tuple[str, ...]) -> Conflict | None:
+    kinds = dict.fromkeys(json_kind(t) for t in node["t"] if t != "null")
     if len(kinds) > 1:
-        raise Conflict(path, tuple(dict.fromkeys(json_kind(t) for t in kinds)))
+        return Conflict(path, tuple(kinds))
+    if "i" in node and (found := _node_conflict(node["i"], (*path, "[]"))) is not None:
+        return found
+    return first_conflict(node.get("f", []), path)
+
+
+def resolve(fields: list[list[Any]]) -> list[list[Any]]:
+    """The recorded columns of a merged summary that has no Conflict."""
+    return [[key, _resolve_node(node)] for key, node in fields]
+
+
+def _resolve_node(node: Summary) -> ColumnType:
+    kinds = [t for t in node["t"] if t != "null"]
     if not kinds:
         return "null"
+    if kinds[0] in _NUMBER:
+        return "float" if "float" in kinds else "int"
     if kinds[0] == "list":
-        return ["list", _resolve_node(node["i"], (*path, "[]")) if node["i"]["t"] else "null"]
+        return ["list", _resolve_node(node["i"])]
     if kinds[0] == "object":
-        return ["object", resolve(node.get("f", []), path)]
+        return ["object", resolve(node.get("f", []))]
     return kinds[0]
 
 
