@@ -127,10 +127,11 @@ def _refuse_repeated_keys(lines: list[bytes], rows: list[dict]) -> None:
     dropped; only those lines are parsed again, slowly and exactly. Lengths
     alone are not enough: ``{"x":1e6,"y":0,"y":9}`` re-serialises to as many bytes.
     """
-    dumped = list(map(orjson.dumps, rows, repeat(None), repeat(orjson.OPT_APPEND_NEWLINE)))
+    # streamed: a block's re-serialisations kept alive at once cost more than making them (malloc, cache)
+    dumped = map(orjson.dumps, rows, repeat(None), repeat(orjson.OPT_APPEND_NEWLINE))
     for i in compress(count(), map(ne, lines, dumped)):
         line = lines[i]
-        if line.count(b'"') + line.count(b"\\u0022") != dumped[i].count(b'"'):
+        if line.count(b'"') + line.count(b"\\u0022") != orjson.dumps(rows[i]).count(b'"'):
             _check_unique_keys(line, i)
 
 

@@ -27,6 +27,14 @@ from typing import Any
 
 _NAMES = {type(None): "null", bool: "bool", int: "int", float: "float", str: "string", list: "list", dict: "object"}
 _NUMBER = ("int", "float")
+_NO_FIELDS: dict[str, Any] = {}  # stands for an absent object: adds no field
+
+
+class _Absent:
+    """The type of the stand-in for an absent key."""
+
+
+_ABSENT = _Absent()
 Summary = dict[str, Any]  # a node of a shard's summary: {"t": [kinds], "f": [[name, node], ...], "i": node}
 ColumnType = Any  # the recorded form: str | ["list", type] | ["object", [[name, type], ...]]
 
@@ -45,12 +53,29 @@ class _Slot:
         self.types.update(dict.fromkeys(map(type, values)))
         self.add_nested(values)
 
+    def add_column(self, rows: list[dict[str, Any]], key: str) -> int:
+        """Fold column ``key`` of a block of objects; how many of them hold it."""
+        types = set(map(type, map(dict.get, rows, repeat(key), repeat(_ABSENT))))
+        held = len(rows)
+        if _Absent in types:
+            types.discard(_Absent)
+            held -= sum(map(is_, map(dict.get, rows, repeat(key), repeat(_ABSENT)), repeat(_ABSENT)))
+        self.types.update(dict.fromkeys(types))
+        if types == {dict}:  # objects only (an absent one reads as empty): no filtering pass
+            self.add_objects(list(map(dict.get, rows, repeat(key), repeat(_NO_FIELDS))))
+        elif dict in types or list in types:
+            self.add_nested(list(map(dict.get, rows, repeat(key))))
+        return held
+
+    def add_objects(self, objects: list[dict[str, Any]]) -> None:
+        if self.fields is None:
+            self.fields = Fields()
+        self.fields.add_rows(objects)
+
     def add_nested(self, values: list[Any]) -> None:
         """Fold the objects and lists among ``values`` (their types are already counted)."""
         if dict in self.types:
-            if self.fields is None:
-                self.fields = Fields()
-            self.fields.add_rows(_of_type(values, dict))
+            self.add_objects(_of_type(values, dict))
         if list in self.types:
             if self.items is None:
                 self.items = _Slot()
@@ -78,19 +103,40 @@ class Fields:
         self.slots: dict[str, _Slot] = {}
 
     def add_rows(self, rows: list[dict[str, Any]]) -> None:
-        """Fold a block of objects: one C-level pass over keys and value types, then each nested column."""
+        """Fold a block of objects, a known column at a time; keys not seen before are found by count.
+
+        Per known column one C-level chain (``dict.get`` -> ``type`` -> set): cheaper than
+        hashing (key, type) pairs, about half. The keys the columns found are counted
+        against ``sum(map(len, rows))``; only a block with a new key is walked for it. Sparse
+        objects (many more known keys than a row holds) are folded pair by pair instead.
+        """
+        total = sum(map(len, rows))
+        slots = self.slots
+        if len(slots) > 2 * total // max(len(rows), 1) + 8:
+            self._add_pairs(rows)
+            return
+        found = sum([slot.add_column(rows, key) for key, slot in slots.items()])
+        if found != total:
+            for key in dict.fromkeys(chain.from_iterable(rows)):  # first-seen order, as Arrow orders fields
+                if key not in slots:
+                    slots[key] = _Slot()
+                    slots[key].add_column(rows, key)
+
+    def _add_pairs(self, rows: list[dict[str, Any]]) -> None:
         kinds = map(type, chain.from_iterable(map(dict.values, rows)))
-        pairs = dict.fromkeys(zip(chain.from_iterable(rows), kinds, strict=True))
+        pairs = set(zip(chain.from_iterable(rows), kinds, strict=True))
+        slots = self.slots
+        if not slots.keys() >= {key for key, _ in pairs}:
+            for key in dict.fromkeys(chain.from_iterable(rows)):
+                if key not in slots:
+                    slots[key] = _Slot()
         nested: dict[str, None] = {}
         for key, kind in pairs:
-            slot = self.slots.get(key)
-            if slot is None:
-                slot = self.slots[key] = _Slot()
-            slot.types[kind] = None
+            slots[key].types[kind] = None
             if kind is dict or kind is list:
                 nested[key] = None
         for key in nested:
-            self.slots[key].add_nested(list(map(dict.get, rows, repeat(key))))
+            slots[key].add_nested(list(map(dict.get, rows, repeat(key))))
 
     def summary(self) -> list[list[Any]]:
         """Picklable, JSON-able form (it crosses the prepare pool): ``[[name, node], ...]``."""
