@@ -20,6 +20,8 @@ import pyarrow as pa
 import pyarrow.json as pj
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from data_juicer_elastic.errors import UserError
 from data_juicer_elastic.job.manifest import Policy
@@ -259,10 +261,10 @@ def test_schema_traps_match_one_whole_input_ray_run_value_and_type(tmp_path):
     rows = [r for r in rows if "output" in r]
     columns = json.loads((tmp_path / "job" / "manifest.json").read_text())["columns"]
     untouched = [[k, t] for k, t in columns if k != "text"]  # the ops rewrite text and add __dj__stats__
-    for got, ref, given in zip(merged, reference, rows, strict=True):
+    for got, ref, row in zip(merged, reference, rows, strict=True):
         # What one whole-input read gives, as the input spelt it: absent keys null, ints of a float column floats,
         # objects with every field, dates as strings.
-        assert typed({k: got[k] for k, _ in untouched}) == typed(conform(given, ["object", untouched])), got["id"]
+        assert typed({k: got[k] for k, _ in untouched}) == typed(conform(row, ["object", untouched])), got["id"]
         assert typed(got["text"]) == typed(ref["text"]) and typed(got["__dj__stats__"]) == typed(ref["__dj__stats__"])
         assert not [d for d in strict_differences(got, ref) if not documented(*d)], got["id"]
     assert any(documented(*d) for got, ref in zip(merged, reference, strict=True) for d in strict_differences(got, ref))
@@ -329,3 +331,67 @@ def test_arrow_reads_pyarrow_json_as_the_runner_passes_it(tmp_path):
     schema = arrow_schema([["d", "string"], ["m", ["object", [["a", "int"]]]], ["e", ["list", "null"]]])
     table = pj.read_json(io.BytesIO(b'{"d":"2023-04-27"}\n'), parse_options=pj.ParseOptions(explicit_schema=schema))
     assert table.to_pylist() == [{"d": "2023-04-27", "m": None, "e": None}]
+
+
+# --------------------------------------------------------------------------- the fold against a plain walk
+json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.floats(-2, 2), st.sampled_from(["", "s", DATE])),
+    lambda children: st.one_of(
+        st.lists(children, max_size=3), st.dictionaries(st.sampled_from("abcd"), children, max_size=3)
+    ),
+    max_leaves=8,
+)
+json_rows = st.lists(st.dictionaries(st.sampled_from("abcdefghijkl"), json_values, max_size=5), min_size=1, max_size=30)
+
+
+def walk(node: dict, value: Any) -> None:
+    """A plain recursive walk: each position's kinds, fields in first-seen order, list items together."""
+    kind = {type(None): "null", bool: "bool", int: "int", float: "float", str: "string"}.get(type(value))
+    kind = kind or ("list" if isinstance(value, list) else "object")
+    node.setdefault("t", {})[kind] = None
+    if kind == "object":
+        for k, v in value.items():
+            walk(node.setdefault("f", {}).setdefault(k, {}), v)
+    if kind == "list":
+        items = node.setdefault("i", {})
+        for v in value:
+            walk(items, v)
+
+
+def plain(node: dict) -> Any:
+    """The recorded type of a walked position; ValueError where Arrow could not hold it."""
+    kinds = {k for k in node.get("t", {}) if k != "null"}
+    if kinds <= {"int", "float"}:
+        return "float" if "float" in kinds else "int" if kinds else "null"
+    if len(kinds) > 1:
+        raise ValueError(kinds)
+    if kinds == {"list"}:
+        return ["list", plain(node.get("i", {}))]
+    if kinds == {"object"}:
+        return ["object", [[k, plain(v)] for k, v in node.get("f", {}).items()]]
+    return kinds.pop()
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_rows, st.lists(st.integers(1, 30), max_size=6), st.integers(1, 4))
+def test_the_block_fold_equals_a_plain_walk_of_every_row(rows, cuts, shards):
+    from data_juicer_elastic.prepare.schema import Fields, first_conflict, merge, resolve
+
+    whole: dict = {}
+    walk(whole, {"_": None})  # a root object
+    for row in rows:
+        walk(whole["f"]["_"], row)
+    try:
+        want = plain(whole["f"]["_"])[1]
+    except ValueError:
+        want = None
+    merged: list = []
+    bounds = sorted({0, len(rows), *(c % len(rows) for c in cuts)})
+    per_shard = max(1, len(bounds) // shards)
+    for s in range(0, len(bounds) - 1, per_shard):  # shards of blocks, blocks of rows
+        fields = Fields()
+        for a, b in zip(bounds[s : s + per_shard], bounds[s + 1 : s + per_shard + 1], strict=False):
+            fields.add_rows(rows[a:b])
+        merged = merge(merged, fields.summary())
+    got = None if first_conflict(merged) else resolve(merged)
+    assert got == want
