@@ -395,3 +395,44 @@ def test_the_block_fold_equals_a_plain_walk_of_every_row(rows, cuts, shards):
         merged = merge(merged, fields.summary())
     got = None if first_conflict(merged) else resolve(merged)
     assert got == want
+
+
+# --------------------------------------------------------------------------- facts read, not recomputed
+def test_a_follower_takes_the_published_auto_shard_count_without_walking_the_input(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from data_juicer_elastic.plugin import executor
+
+    data = tmp_path / "traps.jsonl"
+    write_traps(data)
+    settings = SimpleNamespace(
+        num_shards="auto", nodes=None, job_dir=str(tmp_path / "job"), lock_timeout_secs=300, heartbeat_secs=30,
+        max_retries=2, poll_interval_secs=5, ray_address="local",
+    )  # fmt: skip
+    assert executor.policy_from(settings, str(data)).num_shards == 1  # nothing prepared: the input is sized
+    prepare(request(data, tmp_path / "job", 3), log=lambda *_: None)
+
+    def walked(*_: Any, **__: Any) -> None:
+        raise AssertionError("the input was walked again")
+
+    monkeypatch.setattr(executor, "discover", walked)
+    assert executor.policy_from(settings, str(data)).num_shards == 3
+
+
+def test_the_runner_reads_the_recorded_longest_line_instead_of_scanning(tmp_path, monkeypatch):
+    from data_juicer_elastic.plugin import shard_errors
+
+    data = tmp_path / "long.jsonl"
+    long_row = json.dumps({"text": "x" * (3 << 20)}) + "\n"
+    data.write_text(json.dumps({"text": "a"}) + "\n" + long_row + json.dumps({"text": "b"}) + "\n")
+    result = prepare(request(data, tmp_path / "job", 2), log=lambda *_: None)
+    assert sorted(s.longest_line for s in result.manifest.shards)[-1] == len(long_row)
+    shards = sorted((tmp_path / "job" / "shards").iterdir())
+    scanned = [shard_errors.longest_line(str(p)) for p in shards]
+
+    def scan(_: str) -> int:
+        raise AssertionError("the shard was scanned for its longest line")
+
+    monkeypatch.setattr(shard_errors, "longest_line", scan)
+    got = [shard_errors.block_size_for(str(p)) for p in shards]
+    assert got == [shard_errors.DEFAULT_BLOCK * 8 if n else None for n in scanned] and any(got)
