@@ -1,11 +1,11 @@
 """Strict JSONL validation and row normalisation, a block of lines at a time.
 
 Every line must be one UTF-8 JSON object. Lines are handed around with their
-newline (``split_lines``), which orjson takes as trailing whitespace. The
-common case is checked with a chain of C-level calls (``map(orjson.loads)``
--> ``dict.keys`` -> key test) that keeps no row alive, so a block costs
-about one orjson parse. Only when that fails is the block walked line by
-line, to name the first bad line and say why. Rows are re-serialised
+newline (``split_lines``), which orjson takes as trailing whitespace. A block
+is parsed with C-level chains (``map(orjson.loads)``, a type test, one
+``orjson.dumps`` per row for repeated keys); its rows are then handed to a
+sink (prepare gathers the input's schema from them). Only when parsing fails
+is the block walked line by line, to name the first bad line and say why. Rows are re-serialised
 (orjson.dumps) only where something changes: a relative media path made
 absolute, or a missing index key filled in; all other lines keep their bytes.
 """
@@ -15,12 +15,12 @@ from __future__ import annotations
 import io
 import json
 import os
-from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cached_property
-from itertools import compress, count, repeat, tee
-from operator import add, itemgetter, ne, not_
+from itertools import compress, count, repeat
+from operator import is_, ne, not_
+from typing import Any
 
 import orjson
 
@@ -66,58 +66,48 @@ def split_lines(block: bytes) -> tuple[list[bytes], bytes]:
     return lines, b""
 
 
-def process_lines(lines: list[bytes], rules: RowRules, first_row: int) -> list[bytes] | None:
+def process_lines(
+    lines: list[bytes], rules: RowRules, first_row: int, sink: Callable[[list[dict]], Any] | None = None
+) -> list[bytes] | None:
     """Validate ``lines`` (each ending in a newline); return replacement lines if any row changed.
 
-    None means every line keeps its raw bytes.
-
-    ``first_row`` is the global row index of ``lines[0]`` (used for index keys).
+    None means every line keeps its raw bytes. ``first_row`` is the global row
+    index of ``lines[0]`` (used for index keys). ``sink``, if given, is handed
+    the block's rows as written (normalised), e.g. to gather the input's schema.
     Raises LineProblem for the first invalid line.
     """
+    rows = parse_objects(lines)
+    _refuse_repeated_keys(lines, rows)
     if rules.index_keys:
-        return _process_each(lines, rules, first_row)
-    flags = _fast_scan(lines, rules.media_set, unique_keys=True)
-    if flags is None or all(flags):
-        return None
+        touched: Iterable[int] = range(len(rows))  # index keys touch (nearly) every row
+    elif rules.media_keys:
+        touched = compress(count(), map(not_, map(rules.media_set.isdisjoint, rows)))
+    else:
+        touched = ()
     out: list[bytes] | None = None
-    for i in compress(range(len(flags)), map(not_, flags)):
-        row = orjson.loads(lines[i])
-        if _normalise(row, rules, i, first_row + i):
+    for i in touched:
+        if _normalise(rows[i], rules, i, first_row + i):
             if out is None:
                 out = list(lines)
-            out[i] = orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE)
+            out[i] = orjson.dumps(rows[i], option=orjson.OPT_APPEND_NEWLINE)
+    if sink is not None:
+        sink(rows)
     return out
 
 
 def check_objects(lines: list[bytes]) -> None:
     """Raise LineProblem for the first line that is not exactly one JSON object."""
-    _fast_scan(lines, frozenset())
+    parse_objects(lines)
 
 
-def _fast_scan(lines: list[bytes], media: frozenset[str], unique_keys: bool = False) -> list[bool] | None:
-    """One C-level pass: every line an object; per line, True if it has none of the media keys.
-
-    ``unique_keys`` also refuses a key repeated within one object (see ``_repeated_keys``).
-    """
+def parse_objects(lines: list[bytes]) -> list[dict]:
+    """Every line parsed, in one C-level chain; LineProblem naming the first line that is not one object."""
     try:
-        rows = map(orjson.loads, lines)
-        if unique_keys:  # tee's two readers kept in step by zip: one row alive at a time
-            rows, copies = tee(rows)
-            differ = map(ne, map(len, lines), map(add, map(len, map(orjson.dumps, copies)), repeat(1)))
-            pairs = zip(map(media.isdisjoint, map(dict.keys, rows)), differ, strict=True)  # TypeError: no object
-            if not media:
-                _repeated_keys(lines, compress(count(), map(itemgetter(1), pairs)))
-                return None
-            checked = list(pairs)
-            _repeated_keys(lines, compress(count(), map(itemgetter(1), checked)))
-            return list(map(itemgetter(0), checked))
-        keys = map(dict.keys, rows)  # dict.keys raises TypeError on a non-object
-        if media:
-            return list(map(media.isdisjoint, keys))
-        deque(keys, maxlen=0)
-        return None
-    except (ValueError, TypeError):
-        pass
+        rows = list(map(orjson.loads, lines))
+    except ValueError:
+        rows = None
+    if rows is not None and all(map(is_, map(type, rows), repeat(dict))):
+        return rows
     for i, line in enumerate(lines):
         problem = diagnose(line)
         if problem:
@@ -125,20 +115,23 @@ def _fast_scan(lines: list[bytes], media: frozenset[str], unique_keys: bool = Fa
     raise AssertionError("block failed validation but no line did")  # pragma: no cover
 
 
-def _repeated_keys(lines: list[bytes], suspects: Iterable[int]) -> None:
-    """Raise LineProblem for the first row that repeats a key (orjson silently keeps the last value).
+def _refuse_repeated_keys(lines: list[bytes], rows: list[dict]) -> None:
+    """Raise LineProblem for the first row that repeats a key, at any depth (orjson keeps the last value).
 
-    ``suspects`` are the lines whose re-serialisation (orjson.dumps of the
-    parsed row) is not their own length: compact lines re-serialise to their
-    own bytes, and a key dropped as a duplicate shortens a line. Each suspect
-    is compared by quote count: the re-serialisation keeps every string
-    delimiter and writes each quote inside a string as ``\\"``, so a line holds
-    more quotes (``\\u0022`` escapes counted as quotes) only if a key and its
-    delimiters were dropped; only those are parsed again, slowly and exactly.
+    Exact, and one ``orjson.dumps`` per row: a line equal to its row's
+    re-serialisation repeats no key. Any other line (spaces, escapes, a number
+    spelt otherwise, or a dropped key) is compared by quote count: the
+    re-serialisation keeps every string delimiter and writes each quote inside
+    a string as ``\\"``, so quotes (``\\u0022`` escapes counted as quotes, which
+    only over-counts) are missing from it only if a key and its value were
+    dropped; only those lines are parsed again, slowly and exactly. Lengths
+    alone are not enough: ``{"x":1e6,"y":0,"y":9}`` re-serialises to as many bytes.
     """
-    for i in suspects:
+    # streamed: a block's re-serialisations kept alive at once cost more than making them (malloc, cache)
+    dumped = map(orjson.dumps, rows, repeat(None), repeat(orjson.OPT_APPEND_NEWLINE))
+    for i in compress(count(), map(ne, lines, dumped)):
         line = lines[i]
-        if line.count(b'"') + line.count(b"\\u0022") != orjson.dumps(orjson.loads(line)).count(b'"'):
+        if line.count(b'"') + line.count(b"\\u0022") != orjson.dumps(rows[i]).count(b'"'):
             _check_unique_keys(line, i)
 
 
@@ -158,28 +151,6 @@ def _check_unique_keys(line: bytes, index: int) -> None:
         return dict(pairs)
 
     json.loads(line, object_pairs_hook=pairs_hook)
-
-
-def _process_each(lines: list[bytes], rules: RowRules, first_row: int) -> list[bytes] | None:
-    """Index keys touch (nearly) every row, so walk the rows one by one."""
-    out: list[bytes] | None = None
-    for i, line in enumerate(lines):
-        try:
-            row = orjson.loads(line)
-        except ValueError:
-            row = None
-        if type(row) is not dict:
-            raise LineProblem(i, diagnose(line) or "not a JSON object")
-        if len(line) != len(orjson.dumps(row)) + 1:  # before _normalise changes the row
-            try:
-                _repeated_keys([line], [0])
-            except LineProblem as exc:
-                raise LineProblem(i, exc.message) from None
-        if _normalise(row, rules, i, first_row + i):
-            if out is None:
-                out = list(lines)
-            out[i] = orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE)
-    return out
 
 
 def _normalise(row: dict, rules: RowRules, index: int, global_row: int) -> bool:

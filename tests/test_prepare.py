@@ -416,13 +416,13 @@ def test_custom_media_keys(tmp_path: Path) -> None:
 def test_index_keys_are_filled_with_the_global_row(tmp_path: Path, jobs: int) -> None:
     root = tmp_path / "ds"
     rows = text_rows(30)
-    rows[4]["idx"] = "given"
+    rows[4]["idx"] = 1000  # a value the row has is kept (a string would be refused: see test_schema)
     write_rows(root / "a.jsonl", rows)
     write_rows(root / "b.jsonl", text_rows(25, 30), newline_at_end=False)
     run(request(root, tmp_path / "job", 6, index_keys=("idx", "other")), jobs=jobs)
     got = [row for part in shard_bytes(tmp_path / "job") for row in lines_of(part)]
     assert len(got) == 55
-    assert [r["idx"] for r in got] == [i if i != 4 else "given" for i in range(55)]
+    assert [r["idx"] for r in got] == [i if i != 4 else 1000 for i in range(55)]
     assert [r["other"] for r in got] == list(range(55))
 
 

@@ -15,8 +15,11 @@ from typing import Any
 from data_juicer_elastic.errors import IntegrityError
 from data_juicer_elastic.storage.files import dumps_json
 
-SCHEMA_VERSION = 4  # 2: the manifest carries its digest; 3: inputs fingerprinted per source range; 4: generations
+# 2: the manifest carries its digest; 3: inputs fingerprinted per source range; 4: generations;
+# 5: the input's columns and each shard's longest line (4 is read as it is: a shard's schema is inferred)
+SCHEMA_VERSION = 5
 LEGACY_SCHEMA = 3  # readable: its one generation lives at the top of the job dir
+READABLE = (LEGACY_SCHEMA, 4, SCHEMA_VERSION)
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,7 @@ class ShardSpec:
     sha256: str
     first_row: int  # global 0-based index of the shard's first row
     sources: tuple[ShardSource, ...] = ()
+    longest_line: int | None = None  # bytes, newline included (None: prepared before schema 5)
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,9 @@ class Manifest:
     total_rows: int
     total_bytes: int
     created_at: float = 0.0
+    # The whole input's columns and JSON types (prepare.schema's recorded form), read by every shard's
+    # reader so that a row's values never depend on its shard. None: prepared before schema 5.
+    columns: list | None = None
     schema_version: int = SCHEMA_VERSION
     digest: str = ""  # manifest_digest() of the rest, set by seal()
 
@@ -94,7 +101,7 @@ class Manifest:
     @classmethod
     def from_dict(cls, d: dict[str, Any], where: str = "manifest.json") -> Manifest:
         try:
-            if d.get("schema_version") not in (SCHEMA_VERSION, LEGACY_SCHEMA):
+            if d.get("schema_version") not in READABLE:
                 raise IntegrityError(
                     f"{where}: schema_version {d.get('schema_version')!r} is not {SCHEMA_VERSION}; "
                     "prepare the job again with this version of data-juicer-elastic"
@@ -116,6 +123,7 @@ class Manifest:
                 total_rows=d["total_rows"],
                 total_bytes=d["total_bytes"],
                 created_at=d.get("created_at", 0.0),
+                columns=d.get("columns"),
                 schema_version=d["schema_version"],
                 digest=d.get("digest", ""),
             )

@@ -28,6 +28,7 @@ from data_juicer_elastic.plugin.recipe import snapshot_of
 from data_juicer_elastic.plugin.schema import NAME, ElasticShardSettings, settings_from_cfg
 from data_juicer_elastic.plugin.validation import recipe_keys
 from data_juicer_elastic.prepare.driver import PrepareRequest
+from data_juicer_elastic.prepare.existing import prepared_shard_count
 from data_juicer_elastic.prepare.inputs import discover
 from data_juicer_elastic.watch import ProgressTicker
 
@@ -54,7 +55,11 @@ def auto_num_shards(dataset_path: str, nodes: int | None = None, job_dir: str | 
 
 def policy_from(settings: ElasticShardSettings, dataset_path: str) -> Policy:
     n = settings.num_shards
-    num_shards = auto_num_shards(dataset_path, settings.nodes, settings.job_dir) if n == "auto" else int(n)
+    num_shards = (
+        int(n)
+        if n != "auto"
+        else prepared_shard_count(settings.job_dir) or auto_num_shards(dataset_path, settings.nodes, settings.job_dir)
+    )
     return Policy(
         num_shards=num_shards,
         lock_timeout_secs=float(settings.lock_timeout_secs),

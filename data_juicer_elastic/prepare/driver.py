@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 import yaml
 
 from data_juicer_elastic.errors import UserError
@@ -46,12 +47,14 @@ from data_juicer_elastic.prepare.inputs import (
     materialise,
 )
 from data_juicer_elastic.prepare.pool import Counter, make_pool
+from data_juicer_elastic.prepare.schema import Conflict, describe, first_conflict, kinds_at, merge, resolve
 from data_juicer_elastic.prepare.shards import (
     ShardOutcome,
     ShardTask,
     SourceRange,
     count_rows,
     newlines_before,
+    range_lines,
     write_shard,
 )
 from data_juicer_elastic.prepare.split import Piece, Stream, TooFewRows, plan
@@ -200,7 +203,8 @@ class _Build:
             self._raise_bad_line(outcomes, tasks, mats)
         for spec in self.inputs:
             check_unchanged(spec)
-        manifest = self._manifest(pieces, outcomes)  # type: ignore[arg-type]  # no None left
+        columns = self._columns(outcomes, tasks, mats)  # type: ignore[arg-type]  # no None left
+        manifest = self._manifest(pieces, outcomes, columns)  # type: ignore[arg-type]
         self._write_layout(manifest)
         return _Built(manifest, stream.total)
 
@@ -271,7 +275,45 @@ class _Build:
             line = newlines_before(mats[rng.file].data_path, rng.start) + outcome.bad.line_in_range + 1
             raise UserError(f"{spec.path}:{line}: {outcome.bad.message}")
 
-    def _manifest(self, pieces: list[list[Piece]], outcomes: list[ShardOutcome]) -> Manifest:
+    def _columns(self, outcomes: list[ShardOutcome], tasks: list[ShardTask], mats: list[Materialised]) -> list:
+        """The whole input's columns from the shards' summaries, merged in input order (prepare.schema)."""
+        merged: list = []
+        for outcome in outcomes:
+            merged = merge(merged, outcome.columns or [])
+        conflict = first_conflict(merged)
+        if conflict is not None:
+            raise self._conflict_error(conflict, outcomes, tasks, mats)
+        return resolve(merged)
+
+    def _conflict_error(
+        self, conflict: Conflict, outcomes: list[ShardOutcome], tasks: list[ShardTask], mats: list[Materialised]
+    ) -> UserError:
+        """Name the first row whose kind at the conflict's path differs from the first one seen (error path).
+
+        The written shards are scanned (rows as normalised: a filled index key counts), each line
+        named by its input file and line.
+        """
+        first: tuple[str, str] | None = None  # kind, file:line
+        for outcome, task in zip(outcomes, tasks, strict=True):
+            lines = range_lines(task.out_path, 0, outcome.bytes)
+            for rng, rows in zip(task.ranges, outcome.range_rows, strict=True):
+                spec, before = self.inputs[rng.file], newlines_before(mats[rng.file].data_path, rng.start)
+                for n, line in zip(range(before + 1, before + rows + 1), lines, strict=False):
+                    for kind in kinds_at(orjson.loads(line), conflict.path):
+                        if first is None:
+                            first = kind, f"{spec.path}:{n}"
+                        elif kind != first[0]:
+                            return UserError(
+                                f"{spec.path}:{n}: {describe(conflict.path)} holds {_a(kind)} here but "
+                                f"{_a(first[0])} at {first[1]}; Arrow (Ray's reader) cannot hold both in one "
+                                "column, so one whole-input `executor_type: ray` run fails on this input too: "
+                                "give every value there one kind (e.g. write the numbers as strings) "
+                                "or move one kind to another key"
+                            )
+        kinds = " and ".join(conflict.kinds)  # pragma: no cover  (the scan finds what the summaries found)
+        return UserError(f"{self.dataset.root}: {describe(conflict.path)} holds {kinds}; give it one kind")
+
+    def _manifest(self, pieces: list[list[Piece]], outcomes: list[ShardOutcome], columns: list) -> Manifest:
         n = len(pieces)
         file_rows = [0] * len(self.inputs)
         shards, row = [], 0
@@ -282,7 +324,16 @@ class _Build:
                 file_rows[p.file] += rows
             sid = shard_id(i, n)
             shards.append(
-                ShardSpec(sid, f"shards/{sid}.jsonl", outcome.rows, outcome.bytes, outcome.sha256, row, tuple(sources))
+                ShardSpec(
+                    sid,
+                    f"shards/{sid}.jsonl",
+                    outcome.rows,
+                    outcome.bytes,
+                    outcome.sha256,
+                    row,
+                    tuple(sources),
+                    outcome.longest_line,
+                )
             )
             row += outcome.rows
         files = tuple(
@@ -302,12 +353,17 @@ class _Build:
             total_rows=row,
             total_bytes=sum(s.bytes for s in shards),
             created_at=time.time(),
+            columns=columns,
         ).seal()
 
     def _write_layout(self, manifest: Manifest) -> None:
         shutil.rmtree(self.staging / ".inputs")
         fsync_dir(self.staging / "shards")
         atomic_write(self.staging / "manifest.json", dumps_json(manifest.to_dict()))
+
+
+def _a(kind: str) -> str:
+    return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
 
 
 def _collect(futures: list[Future], counter: Counter, total: int, progress: bool | None) -> list[ShardOutcome | None]:

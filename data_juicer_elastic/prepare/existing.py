@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +47,30 @@ def confirm_existing(job: JobDir, req: PrepareRequest, recipe_sha: str, log: Cal
         + ("the shards are reused" if new else "nothing to do")
     )
     return m
+
+
+_SHARD_FILE = re.compile(r"^part-\d+-of-(\d+)\.jsonl$")
+
+
+def prepared_shard_count(job_dir: str) -> int | None:
+    """The shard count a published prepare chose (None: not prepared), without walking the input.
+
+    ``num_shards: auto`` is a function of the input's size; a process that follows the
+    prepare coordinator takes the count it published instead of sizing the input again.
+    Every shard's name carries the count, so one directory entry tells it (the manifest
+    check that follows compares the request with the manifest in full).
+    """
+    if not os.path.exists(os.path.join(job_dir, "manifest.json")):
+        return None
+    try:
+        with os.scandir(os.path.join(job_dir, "shards")) as entries:
+            for entry in entries:
+                m = _SHARD_FILE.match(entry.name)
+                if m:
+                    return int(m.group(1))
+    except FileNotFoundError:
+        return None
+    return None
 
 
 def _legacy_differences(m: Manifest, req: PrepareRequest, recipe_sha: str) -> list[str]:

@@ -23,6 +23,7 @@ from typing import Any
 
 from data_juicer_elastic.errors import UserError
 from data_juicer_elastic.jsonl import LineProblem, RowRules, process_lines, split_lines
+from data_juicer_elastic.prepare.schema import Fields
 from data_juicer_elastic.storage.bulk_write import BulkWriter
 
 BLOCK = 1 << 20
@@ -78,6 +79,16 @@ class ShardOutcome:
     range_rows: tuple[int, ...]
     range_sha256: tuple[str, ...] = ()  # of each range's input lines, newline-terminated
     bad: BadLine | None = None
+    columns: list | None = None  # prepare.schema summary of the rows written (merged by the parent)
+    longest_line: int = 0  # bytes of the longest line written, its newline included
+
+
+@dataclass
+class _Facts:
+    """What a shard task learns about the rows it writes, on the way."""
+
+    fields: Fields
+    longest_line: int = 0
 
 
 class _ShortRead(Exception):
@@ -87,25 +98,36 @@ class _ShortRead(Exception):
 def write_shard(task: ShardTask) -> ShardOutcome:
     digest = hashlib.sha256()
     out = BulkWriter(task.out_path)
+    facts = _Facts(Fields())
     try:
-        range_rows, range_sha, bad = _write_ranges(task, out, digest)
+        range_rows, range_sha, bad = _write_ranges(task, out, digest, facts)
     except BaseException:
         out.abandon()  # the staging folder goes with it
         raise
     out.close(fsync=task.fsync and bad is None)  # a bad shard is thrown away with the staging folder
     return ShardOutcome(
-        task.index, sum(range_rows), out.size, digest.hexdigest(), tuple(range_rows), tuple(range_sha), bad
+        task.index,
+        sum(range_rows),
+        out.size,
+        digest.hexdigest(),
+        tuple(range_rows),
+        tuple(range_sha),
+        bad,
+        facts.fields.summary(),
+        facts.longest_line,
     )
 
 
-def _write_ranges(task: ShardTask, out: BulkWriter, digest: Any) -> tuple[list[int], list[str], BadLine | None]:
+def _write_ranges(
+    task: ShardTask, out: BulkWriter, digest: Any, facts: _Facts
+) -> tuple[list[int], list[str], BadLine | None]:
     """Rows and input sha256 of each range, written in order; the first bad line stops it."""
     range_rows: list[int] = []
     range_sha: list[str] = []
     row = task.first_row
     for r_index, rng in enumerate(task.ranges):
         try:
-            rows, sha = _write_range(rng, row, out, digest, shares_digest=r_index == 0)
+            rows, sha = _write_range(rng, row, out, digest, facts, shares_digest=r_index == 0)
         except LineProblem as exc:
             return range_rows, range_sha, BadLine(r_index, exc.index, exc.message)
         except _ShortRead:
@@ -117,7 +139,7 @@ def _write_ranges(task: ShardTask, out: BulkWriter, digest: Any) -> tuple[list[i
 
 
 def _write_range(
-    rng: SourceRange, first_row: int, out: BulkWriter, digest: Any, shares_digest: bool
+    rng: SourceRange, first_row: int, out: BulkWriter, digest: Any, facts: _Facts, shares_digest: bool
 ) -> tuple[int, str]:
     """Write one range, adding what is written to ``digest``; its rows and the sha256 of its lines as read.
 
@@ -127,9 +149,10 @@ def _write_range(
     rows = 0
     for lines, raw in _chunks(rng.data_path, rng.start, rng.end):
         try:
-            changed = process_lines(lines, rng.rules, first_row + rows)
+            changed = process_lines(lines, rng.rules, first_row + rows, facts.fields.add_rows)
         except LineProblem as exc:
             raise LineProblem(rows + exc.index, exc.message) from None
+        facts.longest_line = max(facts.longest_line, max(map(len, lines if changed is None else changed)))
         if changed is not None and source is digest:
             source = digest.copy()  # from here on, what is written differs from what was read
         if source is not digest:
@@ -173,6 +196,12 @@ def _chunks(path: str, start: int, end: int) -> Iterator[tuple[list[bytes], list
     if carry:
         line = b"".join(carry)
         yield [line + b"\n"], [line, b"\n"]
+
+
+def range_lines(path: str, start: int, end: int) -> Iterator[bytes]:
+    """The lines of [start, end), each ending in a newline (for error paths: one Python step per line)."""
+    for lines, _ in _chunks(path, start, end):
+        yield from lines
 
 
 def count_rows(path: str, start: int, end: int) -> int:

@@ -22,6 +22,7 @@ from typing import Any
 from data_juicer_elastic.errors import PermanentError, UserError
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.lines import input_line
+from data_juicer_elastic.ray_runner.arrow_schema import shard_facts
 
 DEFAULT_BLOCK = 1 << 20  # pyarrow.json's default block size
 # An op that raised one of these inside a Ray task did so on the data or the recipe: it recurs.
@@ -52,8 +53,13 @@ def longest_line(path: str) -> int:
 
 
 def block_size_for(path: str, configured: int | None = None) -> int | None:
-    """A JSON reader block size that holds the shard's longest row whole (None: the default does)."""
-    longest = longest_line(path)
+    """A JSON reader block size that holds the shard's longest row whole (None: the default does).
+
+    The longest line is prepare's record (manifest schema 5); only an older job dir's shard is scanned.
+    """
+    facts = shard_facts(path)
+    recorded = facts.longest_line if facts is not None else None
+    longest = longest_line(path) if recorded is None else (recorded if recorded >= DEFAULT_BLOCK // 2 else 0)
     if not longest and not configured:
         return None
     needed = max(configured or DEFAULT_BLOCK, 2 * longest)
@@ -97,8 +103,9 @@ def classify(exc: Exception, shard_path: str, job_dir: str, read_options: Any = 
     chain = list(_chain(exc))
     if any(isinstance(e, UserError) for e in chain):
         return PermanentError(str(exc))
-    if any(isinstance(e, (PipelineConfigError, PipelineRuntimeError)) for e in chain):
-        return PermanentError(f"the recipe is refused by Data-Juicer: {exc}")
+    refused = next((e for e in chain if isinstance(e, (PipelineConfigError, PipelineRuntimeError))), None)
+    if refused is not None:
+        return PermanentError(f"the recipe is refused by Data-Juicer: {refusal(refused)}")
     arrow = next((e for e in chain if isinstance(e, (pa.ArrowInvalid, pa.ArrowTypeError))), None)
     if arrow is not None:
         where = bad_line(shard_path, job_dir, read_options)
@@ -110,6 +117,13 @@ def classify(exc: Exception, shard_path: str, job_dir: str, read_options: Any = 
     return exc
 
 
+def refusal(exc: BaseException) -> str:
+    """A preflight refusal on one line: its heading and each cause (the console's FAIL line shows one line)."""
+    heading = str(exc).strip().splitlines()[0].rstrip(":") if str(exc).strip() else type(exc).__name__
+    causes = [str(e).strip() for e in getattr(exc, "errors", None) or []]
+    return f"{heading}: {'; '.join(causes)}" if causes else " ".join(str(exc).split())
+
+
 def bad_line(shard_path: str, job_dir: str, read_options: Any = None) -> str | None:
     """``file:line`` of the first shard line Arrow's JSON reader refuses (None if it reads the whole shard)."""
     import pyarrow as pa
@@ -118,9 +132,12 @@ def bad_line(shard_path: str, job_dir: str, read_options: Any = None) -> str | N
     with open(shard_path, "rb") as f:
         lines = f.readlines()
 
+    facts = shard_facts(shard_path)
+    parse_options = facts.parse_options if facts is not None else None
+
     def reads(n: int) -> bool:
         try:
-            pj.read_json(io.BytesIO(b"".join(lines[:n])), read_options=read_options)
+            pj.read_json(io.BytesIO(b"".join(lines[:n])), read_options=read_options, parse_options=parse_options)
             return True
         except (pa.ArrowInvalid, pa.ArrowTypeError):
             return False

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from data_juicer_elastic.errors import IntegrityError
+from data_juicer_elastic.ray_runner.arrow_schema import shard_facts
 from data_juicer_elastic.ray_runner.shard_errors import read_options_for
 from data_juicer_elastic.storage.blocks import Digester, blocks
 
@@ -50,13 +51,17 @@ class ShardLoader:
 
 
 def read_shard(cfg: Any) -> Any:
-    """The shard of an attempt's config, read and materialised in Ray's object store (any thread)."""
+    """The shard of an attempt's config, read with the whole input's schema and materialised (any thread)."""
     from data_juicer.core.data.ray_dataset import RayDataset
+    from loguru import logger
 
     read_kwargs: dict[str, Any] = {"override_num_blocks": getattr(cfg, "override_num_blocks", None)}
     options = read_options_for(cfg.dataset_path, getattr(cfg, "read_options", None))
     if options:
         read_kwargs["read_options"] = options
+    facts = shard_facts(cfg.dataset_path, logger.warning)
+    if facts is not None and facts.parse_options is not None:
+        read_kwargs["parse_options"] = facts.parse_options
     return RayDataset.read("json", cfg.dataset_path, **read_kwargs).materialize()
 
 

@@ -1,0 +1,108 @@
+"""What prepare recorded about a shard, as Arrow's JSON reader takes it: the whole input's schema, the longest line.
+
+Every shard is read with the same explicit schema (DESIGN.md invariant 13),
+so Ray infers nothing per shard: a column absent from one shard is null there,
+a column holding ints and floats anywhere is a float column everywhere, a
+string column stays a string column even where each of a shard's strings
+parses as a date, and objects carry the union of their fields. The manifest is
+read once per process and job (it is immutable: cached by its stat), never
+once per shard. A job dir prepared before schema 5 records neither fact: its
+shards are read as before (Ray infers each one's schema, the shard is scanned
+for its longest line), and a log line says so once.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.job.manifest import Manifest
+
+_SCALARS = {"null": "null", "bool": "bool_", "int": "int64", "float": "float64", "string": "string"}
+
+
+def arrow_type(recorded: Any) -> Any:
+    """The Arrow type of one recorded column type (prepare.schema's form)."""
+    import pyarrow as pa
+
+    if isinstance(recorded, str):
+        return getattr(pa, _SCALARS[recorded])()
+    kind, inner = recorded
+    if kind == "list":
+        return pa.list_(arrow_type(inner))
+    return pa.struct([pa.field(name, arrow_type(t)) for name, t in inner])
+
+
+def arrow_schema(columns: list) -> Any:
+    import pyarrow as pa
+
+    return pa.schema([pa.field(name, arrow_type(t)) for name, t in columns])
+
+
+@dataclass(frozen=True)
+class ShardFacts:
+    parse_options: Any  # pyarrow.json.ParseOptions with the input's schema; None: not recorded
+    longest_line: int | None  # None: not recorded
+
+
+@dataclass(frozen=True)
+class _JobFacts:
+    stat: tuple[int, int, int]
+    manifest: Manifest
+    parse_options: Any
+
+
+_cache: dict[str, _JobFacts] = {}
+_lock = threading.Lock()
+
+
+def shard_facts(shard_path: str, log: Any = None) -> ShardFacts | None:
+    """The recorded facts of the shard at ``<job>/shards/<id>.jsonl``; None outside a job dir."""
+    path = Path(shard_path)
+    if path.parent.name != "shards":
+        return None
+    job = _job_facts(str(path.parent.parent), log)
+    if job is None:
+        return None
+    spec = next((s for s in _near(job.manifest, path.stem)), None)
+    return ShardFacts(job.parse_options, spec.longest_line if spec is not None else None)
+
+
+def _near(m: Manifest, sid: str) -> list[Any]:
+    """The shard spec by its index in the id (part-NNNNN-of-NNNNN), checked by id."""
+    try:
+        spec = m.shards[int(sid.split("-")[1])]
+    except (IndexError, ValueError):
+        return []
+    return [spec] if spec.id == sid else []
+
+
+def _job_facts(root: str, log: Any) -> _JobFacts | None:
+    manifest_path = os.path.join(root, "manifest.json")
+    try:
+        st = os.stat(manifest_path)
+    except FileNotFoundError:
+        return None
+    stat = (st.st_ino, st.st_size, st.st_mtime_ns)
+    with _lock:
+        known = _cache.get(root)
+        if known is not None and known.stat == stat:
+            return known
+        m = JobDir(root)._raw_manifest()
+        options = None
+        if m.columns is not None:
+            import pyarrow.json as pj
+
+            options = pj.ParseOptions(explicit_schema=arrow_schema(m.columns))
+        elif log is not None:
+            log(
+                f"{root}: prepared by an older data-juicer-elastic (manifest schema {m.schema_version}), which "
+                "recorded no input schema: each shard's schema is inferred from the shard alone, so a value "
+                "may depend on the shard it fell in; prepare a new job dir to read every shard alike"
+            )
+        _cache[root] = facts = _JobFacts(stat, m, options)
+        return facts
