@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 
 from data_juicer_elastic.errors import UserError
 from data_juicer_elastic.job.manifest import Policy
-from data_juicer_elastic.ray_runner.arrow_schema import arrow_schema, shard_facts
 from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
+from data_juicer_elastic.ray_runner.arrow_schema import arrow_schema, shard_facts
 
 from .reference import dj_process, read_rows, run_reference
 
