@@ -181,7 +181,7 @@ def cmd_status(a: Namespace) -> int:
         from data_juicer_elastic.watch import watch
 
         return watch(str(_job(a).gen_dir) if a.generation else a.job_dir, a.interval)
-    st = job_status(_job(a))
+    st = job_status(_job(a), details=a.all or a.json)
     if a.json:
         sys.stdout.buffer.write(orjson.dumps(st.to_dict(), option=orjson.OPT_INDENT_2) + b"\n")
     else:

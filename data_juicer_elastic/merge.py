@@ -22,9 +22,18 @@ from pathlib import Path
 from typing import Any
 
 from data_juicer_elastic.errors import IntegrityError, UserError
+from data_juicer_elastic.folder_export import (
+    SUCCESS,
+    Done,
+    export_folder,
+    is_folder_export,
+    shard_entry,
+    stamp,
+    verify_folder,
+)
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.manifest import ShardSpec
-from data_juicer_elastic.job.records.done import DoneRecord, load_done
+from data_juicer_elastic.job.records.done import DoneRecord, load_done, load_done_many
 from data_juicer_elastic.progress import ProgressBar
 from data_juicer_elastic.storage.blocks import BLOCK, Digester, blocks, digest_file
 from data_juicer_elastic.storage.bulk_write import BulkWriter
@@ -37,6 +46,7 @@ from data_juicer_elastic.storage.files import (
     no_space_error,
     read_record,
     remove_dead_temps,
+    remove_dead_temps_in,
     temp_name,
 )
 
@@ -89,6 +99,9 @@ def verify(job: JobDir, *, expect_nodes: int | None = None, check_content: bool 
             hosts[check.host] = hosts.get(check.host, 0) + 1
     if complete and expect_nodes is not None and len(hosts) < expect_nodes:
         problems.append(f"only {len(hosts)} host(s) completed shards, {expect_nodes} expected")
+    exported = read_record(job.merge_record_path)
+    if check_content and exported.get("kind") == "folder" and isinstance(exported.get("output"), str):
+        problems += verify_folder(exported["output"])  # the latest export, re-read against its _SUCCESS
     return VerifyReport(checks, hosts, complete, not problems, problems)
 
 
@@ -126,7 +139,13 @@ def merge(
     log: Callable[[str], Any] = print,
     progress: bool | None = None,
 ) -> MergeResult:
-    """Concatenate the verified outputs in manifest order into ``output``, atomically."""
+    """Concatenate the verified outputs in manifest order into ``output``, atomically.
+
+    An ``output`` without a suffix (or ending in a separator) is a folder: the outputs are published
+    there as part files instead, no byte copied (``folder_export``).
+    """
+    if is_folder_export(output):
+        return _export(job, output, overwrite, log)
     started, started_at = time.monotonic(), time.time()
     out = Path(os.path.abspath(output))
     _check_target(out, overwrite)
@@ -134,7 +153,7 @@ def merge(
     out.parent.mkdir(parents=True, exist_ok=True)
     total = sum(r.bytes for r, _ in records)
     bar = ProgressBar(total, "merge", progress)
-    remove_dead_temps(out)  # what merges killed on this host left behind
+    remove_dead_temps(out)  # what killed merges left behind (this host's dead pids; others' after an hour)
     try:
         rows, size, sha = _write_merged(records, out, overwrite, bar)
     except OSError as exc:
@@ -160,29 +179,63 @@ def merge(
     return MergeResult(str(out), rows, size, seconds, len(records))
 
 
-def merged_already(job: JobDir, output: str) -> dict | None:
-    """The merge record when it holds exactly the current done records and ``output`` is still the file it wrote.
+def _export(job: JobDir, output: str, overwrite: bool, log: Callable[[str], Any]) -> MergeResult:
+    """The folder export: part files linked from the attempt outputs, ``_SUCCESS`` last, then merge.json."""
+    started, started_at = time.monotonic(), time.time()
+    folder = Path(os.path.abspath(output))
+    records = _all_done(job)
+    try:
+        done = export_folder(records, folder, overwrite=overwrite, log=log)
+        seconds = time.monotonic() - started
+        _record(job, folder, records, done.rows, done.bytes, None, started_at, seconds, kind="folder")
+    except OSError as exc:
+        if full := disk_full_in(exc):
+            doing = f"exporting part files (the export is complete once {SUCCESS} is there)"
+            raise no_space_error(folder, full, doing) from exc
+        raise
+    mb = done.bytes / 1e6
+    log(
+        f"exported {len(records)} shards, {done.rows:,} rows, {mb:,.1f} MB as part files into {folder}/ "
+        f"in {seconds:.2f} s ({done.linked} linked, {done.kept} already there, {done.copied} copied)"
+    )
+    return MergeResult(str(folder), done.rows, done.bytes, seconds, len(records))
 
-    Cheap: done records are read, outputs are not; the output is compared by
-    size, mtime and inode (a rewrite or a replacement changes them).
+
+def merged_already(job: JobDir, output: str) -> dict | None:
+    """The merge record when it holds exactly the current done records and ``output`` is still what it wrote.
+
+    Cheap: done records are read, outputs are not; the output (a folder export's
+    ``_SUCCESS``) is compared by size, mtime and inode (a rewrite or a
+    replacement changes them). What killed merges left beside it is cleared.
     """
     record = read_record(job.merge_record_path)
     out = os.path.abspath(output)
     stat = record.get("output_stat")
     if record.get("output") != out or not isinstance(stat, dict) or not isinstance(record.get("shards"), list):
         return None
+    folder = record.get("kind") == "folder"
+    if folder != is_folder_export(output):
+        return None
     try:
-        st = os.stat(out)
+        st = os.stat(os.path.join(out, SUCCESS) if folder else out)
     except OSError:
         return None
+    if folder:
+        remove_dead_temps_in(out)
+    else:
+        remove_dead_temps(out)
     if (st.st_size, st.st_mtime_ns, st.st_ino) != (stat.get("size"), stat.get("mtime_ns"), stat.get("ino")):
         return None
     merged = [(s.get("shard"), s.get("attempt"), s.get("sha256")) for s in record["shards"] if isinstance(s, dict)]
-    current = []
-    for spec in job.manifest().shards:
-        done = read_record(job.done_path(spec.id))
-        current.append((spec.id, done.get("attempt"), done.get("sha256")))
+    shards = [spec.id for spec in job.manifest().shards]
+    done = load_done_many(job, shards)
+    current = [_merged_key(sid, done.get(sid)) for sid in shards]
     return record if merged == current else None
+
+
+def _merged_key(sid: str, record: DoneRecord | IntegrityError | None) -> tuple:
+    """What merge.json remembers of a shard: its attempt and sha256 (None for a missing or refused record)."""
+    return (sid, record.attempt, record.sha256) if isinstance(record, DoneRecord) else (sid, None, None)
 
 
 def _check_target(out: Path, overwrite: bool) -> None:
@@ -192,9 +245,6 @@ def _check_target(out: Path, overwrite: bool) -> None:
         raise UserError(
             f"{out}: already exists; pass --overwrite (or overwrite_output) to replace it, or choose another path"
         )
-
-
-Done = tuple[DoneRecord, Path]  # a checked done record and its confined output path
 
 
 def _all_done(job: JobDir) -> list[Done]:
@@ -292,28 +342,28 @@ def _stat_of(path: Path) -> dict[str, int]:
 
 
 def _record(
-    job: JobDir, out: Path, records: list[Done], rows: int, size: int, sha: str, started_at: float, seconds: float
+    job: JobDir,
+    out: Path,
+    records: list[Done],
+    rows: int,
+    size: int,
+    sha: str | None,
+    started_at: float,
+    seconds: float,
+    kind: str = "file",
 ) -> None:
+    """merge.json: what was written (a folder export: no whole-output sha256; ``_SUCCESS`` lists each part's)."""
     atomic_write(
         job.merge_record_path,
         dumps_json(
             {
                 "output": str(out),
+                "kind": kind,
                 "rows": rows,
                 "bytes": size,
                 "sha256": sha,
-                "output_stat": _stat_of(out),
-                "shards": [
-                    {
-                        "shard": r.shard,
-                        "attempt": r.attempt,
-                        "host": r.host,
-                        "rows": r.rows,
-                        "bytes": r.bytes,
-                        "sha256": r.sha256,
-                    }
-                    for r, _ in records
-                ],
+                "output_stat": stamp(out) if kind == "folder" else _stat_of(out),
+                "shards": [shard_entry(r) for r, _ in records],
                 "started_at": started_at,
                 "finished_at": time.time(),
                 "seconds": seconds,

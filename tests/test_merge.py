@@ -112,8 +112,11 @@ def test_existing_output_needs_overwrite(tmp_path: Path, job: JobDir) -> None:
     assert out.read_bytes() == b"old\n" and _no_temp_files(tmp_path)
     merge(job, str(out), overwrite=True, log=lambda m: None)
     assert out.read_bytes() == b"".join(shard_bytes(job.root))
-    with pytest.raises(UserError, match="is a directory"):
-        merge(job, str(tmp_path), overwrite=True, log=lambda m: None)
+    (tmp_path / "dir.jsonl").mkdir()
+    with pytest.raises(UserError, match="is a directory"):  # a .jsonl path names one file
+        merge(job, str(tmp_path / "dir.jsonl"), overwrite=True, log=lambda m: None)
+    with pytest.raises(UserError, match=r"not part files of an export \(dir.jsonl, ds, job\)"):
+        merge(job, str(tmp_path), overwrite=True, log=lambda m: None)  # no suffix: a folder, never over others' files
 
 
 def test_incomplete_job_is_refused(tmp_path: Path, job: JobDir) -> None:

@@ -171,13 +171,15 @@ def test_report_of_a_half_written_job_dir_skips_what_is_broken(tmp_path):
     untouched = next(s.id for s in job.manifest().shards if not (job.attempts_dir / s.id).exists())
     os.makedirs(job.attempts_dir / untouched / "0001")  # a claim killed before its attempt.json
     html = write_report(job.root).read_text()
-    assert html.count('class="bar ') == 2
-    assert "attempt.json missing or unreadable" in html
+    # a done shard's one attempt is drawn from its done record, whatever its attempt.json says
+    assert html.count('class="bar ') == 3 and f'data-shard="{attempts[0].parent.parent.name}"' in html
+    assert f"attempts/{untouched}/0001/attempt.json missing or unreadable" in html  # the killed claim: skipped
     assert ">running<" in html  # the job is not finished
 
-    job.manifest_path.write_text("{")  # even the manifest
+    job.manifest_path.write_text("{")  # even the manifest: every shard is read from its attempt folders
     html = write_report(job.root, tmp_path / "r.html").read_text()
     assert "manifest.json unreadable" in html and html.count('class="bar ') == 2
+    assert f"attempts/{attempts[0].parent.parent.name}/0001/attempt.json missing or unreadable" in html
 
 
 WATCH = ["--watch", "--interval", "0.1"]

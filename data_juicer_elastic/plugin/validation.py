@@ -195,8 +195,11 @@ def _export_problems(cfg: Any) -> list[str]:
     export_path = cfg.get("export_path") or ""
     if _is_remote(export_path):
         problems.append(f"export_path {export_path!r} is remote; elastic_shard writes one local .jsonl file")
-    elif not export_path.endswith(".jsonl"):
-        problems.append(f"export_path {export_path!r} must be a local file ending in .jsonl")
+    elif not export_path.endswith(".jsonl") and os.path.splitext(export_path.rstrip("/"))[1]:
+        problems.append(
+            f"export_path {export_path!r} must be a local file ending in .jsonl, "
+            "or a folder (no suffix: out/result/) to get one part file per shard"
+        )
     if cfg.get("export_type") not in (None, "jsonl"):
         problems.append(f"export_type {cfg.get('export_type')!r} is not supported; elastic_shard writes jsonl")
     if cfg.get("export_shard_size"):

@@ -14,20 +14,21 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from data_juicer_elastic.errors import ElasticError, IntegrityError
-from data_juicer_elastic.job.claims import RELEASED_MTIME, lease_name
+from data_juicer_elastic.errors import ElasticError
+from data_juicer_elastic.job.claims import RELEASED_MTIME, lease_name, parse_lease_name
 from data_juicer_elastic.job.layout import JobDir, attempt_name
 from data_juicer_elastic.job.manifest import Manifest
 from data_juicer_elastic.job.records.attempt import load_attempt
-from data_juicer_elastic.job.records.done import load_done
+from data_juicer_elastic.job.records.done import DoneRecord, load_done_many
 from data_juicer_elastic.status import OPS_NAME, first_line
 from data_juicer_elastic.storage.files import read_record
 
-OUTCOMES = ("done", "failed", "lost", "superseded", "running", "stopped")
+OUTCOMES = ("done", "failed", "lost", "lost-race", "superseded", "running", "stopped")
 # attempt.json outcome -> what the report calls it
 _OUTCOME_OF = {
     "done": "done",
     "failed": "failed",
+    "lost-race": "lost-race",  # a backup race: the other attempt published done first
     "superseded": "superseded",
     "duplicate": "superseded",
     "interrupted": "stopped",
@@ -50,10 +51,16 @@ class Attempt:
     error: str = ""
     log: str = ""  # relative to the job dir
     ops: list[dict] = field(default_factory=list)
+    processing_from: float | None = None  # when its processing began, if after ``start`` (queued behind another)
 
     @property
     def seconds(self) -> float:
         return max(self.end - self.start, 0.0)
+
+    @property
+    def queued(self) -> float:
+        """Seconds claimed and loaded but waiting for the worker's previous attempt (a prefetching worker)."""
+        return 0.0 if self.processing_from is None else max(min(self.processing_from, self.end) - self.start, 0.0)
 
     @property
     def lane(self) -> str:
@@ -99,29 +106,119 @@ def load_manifest(job: JobDir, notes: list[str]) -> Manifest | None:
 
 
 def collect(job_dir: str | os.PathLike, now: float | None = None) -> JobReport:
-    """Everything the report shows; never raises on a damaged job dir (notes say what was skipped)."""
+    """Everything the report shows; never raises on a damaged job dir (notes say what was skipped).
+
+    A shard done by its first and only attempt is read from its done record and
+    ops.json alone (two reads); only the others have their attempt folders listed
+    and each attempt.json read, so a 100,000-shard job costs about 200,000 small reads.
+    """
     job = JobDir(job_dir)
     now = time.time() if now is None else now
     notes: list[str] = []
     manifest = load_manifest(job, notes)
     shard_ids = [s.id for s in manifest.shards] if manifest else _listdir(job.attempts_dir)
     shards = [{"id": s.id, "rows": s.rows} for s in manifest.shards] if manifest else [{"id": s} for s in shard_ids]
+    done = _done_records(job, shard_ids, notes)
+    latest = _latest_attempts(job) if manifest else {}
     attempts: list[Attempt] = []
     for sid in shard_ids:
-        attempts.extend(shard_attempts(job, sid, now, notes))
-    failed = [s for s in shard_ids if job.failed_path(s).exists()]
-    done = {a.shard for a in attempts if a.outcome == "done"}
+        rec = done.get(sid)
+        if rec is not None and rec.attempt == 1 == latest.get(sid) and rec.started_at and rec.finished_at:
+            attempts.append(_from_done(job, rec))
+        else:
+            attempts.extend(shard_attempts(job, sid, now, notes, rec))
+    mark_queued(attempts)
+    failed = _record_ids(job.failed_dir)
+    finished = {a.shard for a in attempts if a.outcome == "done"}
     state = (
         "failed"
-        if failed
+        if failed & set(shard_ids)
         else "finished"
-        if shard_ids and len(done) == len(shard_ids)
+        if shard_ids and len(finished) == len(shard_ids)
         else "running"
         if manifest
         else "not prepared"
     )
     merge = read_record(job.merge_record_path)
     return JobReport(str(job.root), now, shards, attempts, state, notes, merge)
+
+
+def _done_records(job: JobDir, shard_ids: list[str], notes: list[str]) -> dict[str, DoneRecord]:
+    """The checked done records (one read each); a refused one is noted and its shard read from its attempts."""
+    try:
+        found = load_done_many(job, shard_ids)
+    except OSError:
+        return {}
+    good = {}
+    for sid, rec in found.items():
+        if isinstance(rec, DoneRecord):
+            good[sid] = rec
+        else:
+            notes.append(first_line(str(rec)))
+    return good
+
+
+def _latest_attempts(job: JobDir) -> dict[str, int]:
+    try:
+        names = os.listdir(job.claims_dir)
+    except OSError:
+        return {}
+    latest: dict[str, int] = {}
+    for name in names:
+        parsed = parse_lease_name(name)
+        if parsed and parsed[1] > latest.get(parsed[0], 0):
+            latest[parsed[0]] = parsed[1]
+    return latest
+
+
+def _record_ids(folder: Path) -> set[str]:
+    return {n[:-5] for n in _listdir(folder) if n.endswith(".json")}
+
+
+def _from_done(job: JobDir, rec: DoneRecord) -> Attempt:
+    """A shard's one attempt, from its done record (the same host, pid and times as its attempt.json)."""
+    adir = f"{job.attempts_dir}{os.sep}{rec.shard}{os.sep}{attempt_name(rec.attempt)}"
+    ops = read_record(f"{adir}{os.sep}{OPS_NAME}")
+    return Attempt(
+        shard=rec.shard,
+        attempt=rec.attempt,
+        host=rec.host,
+        pid=rec.pid,
+        start=rec.started_at or 0.0,
+        end=max(rec.finished_at or 0.0, rec.started_at or 0.0),
+        outcome="done",
+        rows_in=_int(ops.get("rows_in")),
+        rows_out=rec.rows,
+        error_rows=_int(ops.get("error_rows")) or 0,
+        log=f"{job.relative(job.attempts_dir)}/{rec.shard}/{attempt_name(rec.attempt)}/process.log",
+        ops=_ops_of(ops),
+    )
+
+
+def _ops_of(ops: dict) -> list[dict]:
+    return [o for o in ops.get("ops", []) if isinstance(o, dict)] if isinstance(ops.get("ops"), list) else []
+
+
+def mark_queued(attempts: list[Attempt]) -> None:
+    """Split a prefetching worker's overlapping attempts into queued and processing time.
+
+    A worker processes one attempt at a time, so an attempt claimed while the
+    previous one of its lane (same host and pid) still ran began processing
+    no earlier than that one ended. That end includes the previous attempt's
+    finish stage (join, re-read, publish), which overlaps the next processing:
+    the queued time shown is an upper bound. The worker does not record when
+    processing began; with that in attempt.json this would be exact.
+    """
+    by_lane: dict[str, list[Attempt]] = {}
+    for a in attempts:
+        by_lane.setdefault(a.lane, []).append(a)
+    for mine in by_lane.values():
+        mine.sort(key=lambda a: a.start)
+        busy_until = float("-inf")
+        for a in mine:
+            if busy_until > a.start:
+                a.processing_from = min(busy_until, a.end)
+            busy_until = max(busy_until, a.end)
 
 
 def _listdir(path: Path) -> list[str]:
@@ -131,15 +228,10 @@ def _listdir(path: Path) -> list[str]:
         return []
 
 
-def shard_attempts(job: JobDir, sid: str, now: float, notes: list[str]) -> list[Attempt]:
+def shard_attempts(job: JobDir, sid: str, now: float, notes: list[str], done: DoneRecord | None) -> list[Attempt]:
     """The shard's attempts in order, each with its outcome as the report names it."""
     folder = job.attempts_dir / sid
     numbers = sorted(int(n) for n in _listdir(folder) if n.isdigit())
-    try:
-        done = load_done(job, sid)
-    except IntegrityError as exc:
-        notes.append(first_line(str(exc)))
-        done = None
     found: list[Attempt] = []
     for n in numbers:
         a = read_attempt(job, sid, n, now, notes)
@@ -184,7 +276,7 @@ def read_attempt(job: JobDir, sid: str, n: int, now: float, notes: list[str]) ->
         error_rows=_int(ops.get("error_rows")) or 0,
         error=first_line(info.error or ""),
         log=f"attempts/{sid}/{attempt_name(n)}/process.log",
-        ops=[o for o in ops.get("ops", []) if isinstance(o, dict)] if isinstance(ops.get("ops"), list) else [],
+        ops=_ops_of(ops),
     )
     if outcome == "lost" and not a.error:
         a.error = "no outcome recorded and its lease stopped: the worker was killed or stalled"

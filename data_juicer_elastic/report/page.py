@@ -6,7 +6,9 @@ import time
 from html import escape
 
 from data_juicer_elastic.report.collect import OUTCOMES, Attempt, JobReport
-from data_juicer_elastic.report.svg import COLOURS, lanes, rate_chart, timeline
+from data_juicer_elastic.report.svg import COLOURS, MAX_BARS, QUEUED, lanes, rate_chart, timeline
+
+MAX_ROWS = 1000  # rows a table lists at most (the shard table: those not done by one attempt first)
 
 CSS = """
 body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;margin:24px;color:#222;background:#fff}
@@ -55,7 +57,7 @@ def host_rows(report: JobReport) -> list[list[object]]:
         h = hosts.setdefault(
             mine[0].host, {"workers": 0, "shards": 0, "in": 0, "out": 0, "busy": 0.0, "idle": 0.0, "fail": 0}
         )
-        busy = sum(a.seconds for a in mine)
+        busy = sum(a.seconds - a.queued for a in mine)  # processing; a prefetched attempt's wait is not work
         h["workers"] += 1
         h["busy"] += busy
         h["idle"] += max(max(a.end for a in mine) - t0 - busy, 0.0)
@@ -90,6 +92,7 @@ def op_rows(report: JobReport) -> list[list[object]]:
 
 
 def shard_rows(report: JobReport) -> list[list[object]]:
+    """One row per shard and a total; past ``MAX_ROWS`` shards only those not done by one attempt are listed."""
     by_shard: dict[str, list[Attempt]] = {}
     for a in report.attempts:
         by_shard.setdefault(a.shard, []).append(a)
@@ -112,6 +115,11 @@ def shard_rows(report: JobReport) -> list[list[object]]:
             ]
         )
     total = ["total", "", sum(r[2] for r in rows)] + [sum(r[i] or 0 for r in rows) for i in (3, 4, 5, 6)] + ["", ""]
+    if len(rows) > MAX_ROWS:
+        listed = [r for r in rows if r[1] != "done" or r[2] != 1]
+        left = len(rows) - len(listed[:MAX_ROWS])
+        note = [f"{left:,} more shards", "not listed", None, None, None, None, None, "", ""]
+        rows = [*listed[:MAX_ROWS], note]
     return [*rows, total]
 
 
@@ -159,8 +167,16 @@ def _header(report: JobReport) -> list[str]:
 
 def _charts(report: JobReport) -> list[str]:
     key = "".join(f'<span><i style="background:{COLOURS[o]}"></i>{o}</span>' for o in OUTCOMES)
+    if len(report.attempts) > MAX_BARS:
+        title = (
+            f"Timeline: {len(report.attempts):,} attempts in time buckets per lane "
+            "(opacity: share of the time processing; a mark: the worst outcome that ended in the bucket)"
+        )
+    else:
+        key += f'<span><i style="background:{QUEUED};height:5px"></i>queued behind the previous attempt</span>'
+        title = "Timeline: one lane per worker, one bar per attempt"
     return [
-        "<h2>Timeline: one lane per worker, one bar per attempt</h2>",
+        f"<h2>{escape(title)}</h2>",
         f'<div class="key">{key}</div>',
         timeline(report) if report.attempts else "<p>No attempt has started yet.</p>",
         "<h2>Rows per second</h2>",
@@ -171,6 +187,9 @@ def _charts(report: JobReport) -> list[str]:
 def _tables(report: JobReport) -> list[str]:
     slow = sorted(report.winners(), key=lambda a: a.seconds, reverse=True)[:10]
     failures = [a for a in report.attempts if a.outcome in ("failed", "lost", "stopped")]
+    failure_rows = [[a.shard, a.attempt, a.outcome, a.lane, a.error, a.log] for a in failures[:MAX_ROWS]]
+    if len(failures) > MAX_ROWS:
+        failure_rows.append([f"{len(failures) - MAX_ROWS:,} more", None, "", "", "not listed", ""])
     hosts = ["host", "workers", "shards done", "rows in", "rows out", "busy s", "idle s", "failed or lost"]
     ops = ["#", "op", "kind", "rows in", "rows out", "dropped by the filter", "removed by op errors"]
     shards = ["shard", "state", "attempts", "input rows", "rows in", "rows out", "op error rows", "host", "seconds"]
@@ -188,7 +207,7 @@ def _tables(report: JobReport) -> list[str]:
         f"<h2>Failures ({len(failures)})</h2>",
         _table(
             ["shard", "attempt", "outcome", "host", "message", "log"],
-            [[a.shard, a.attempt, a.outcome, a.lane, a.error, a.log] for a in failures],
+            failure_rows,
             {1},
             "failures",
         ),

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import errno
 import os
+import re
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -221,26 +223,49 @@ def no_space_error(path: str | os.PathLike, exc: OSError, doing: str) -> UserErr
     )
 
 
-def remove_dead_temps(path: str | os.PathLike) -> int:
-    """Remove ``temp_name(path)`` files beside ``path`` left by dead processes of this host.
+# A temp name another host left may be removed once it is this old. A merge writes its temp file block by block
+# (16 MiB at a time, so its mtime moves every second or so) and then only fsyncs and renames it; a temp file
+# untouched for an hour belongs to a process that is gone. A same-host one goes as soon as its pid is gone.
+STALE_TEMP_SECS = 3600.0
+_TEMP_RE = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<host>.+)-(?P<pid>\d+)-(?P<tag>[0-9a-f]{8})$")
 
-    A process killed while it staged a large file (a merge) leaves its temp
-    file behind; only one named with this host's name and the pid of a
-    process that no longer exists is removed. Returns how many were removed.
-    """
+
+def remove_dead_temps(path: str | os.PathLike, stale_after: float = STALE_TEMP_SECS) -> int:
+    """Remove ``temp_name(path)`` files beside ``path`` that dead processes left (``remove_dead_temps_in``)."""
     p = Path(path)
-    prefix = f".{p.name}.tmp-{hostname()}-"
+    return remove_dead_temps_in(p.parent, p.name, stale_after)
+
+
+def remove_dead_temps_in(
+    folder: str | os.PathLike, name: str | None = None, stale_after: float = STALE_TEMP_SECS
+) -> int:
+    """Remove temp files in ``folder`` (of ``name`` only, if given) whose writer is provably gone.
+
+    A process killed while it staged a file (a merge, an export's part) leaves
+    its temp file behind. One named with this host and the pid of a process
+    that no longer exists is removed; one of another host only once its mtime
+    is ``stale_after`` seconds old. Returns how many were removed.
+    """
     try:
-        names = os.listdir(p.parent)
+        names = os.listdir(folder)
     except FileNotFoundError:
         return 0
-    removed = 0
-    for name in names:
-        pid, _, tag = name[len(prefix) :].partition("-")
-        if not name.startswith(prefix) or not pid.isdigit() or len(tag) != 8 or _alive(int(pid)):
+    me, now, removed = hostname(), time.time(), 0
+    for entry in names:
+        m = _TEMP_RE.match(entry)
+        if not m or (name is not None and m["name"] != name):
             continue
-        _unlink_quietly(p.parent / name)
-        removed += 1
+        path = Path(folder) / entry
+        if m["host"] == me:
+            dead = not _alive(int(m["pid"]))
+        else:
+            try:
+                dead = now - os.lstat(path).st_mtime > stale_after
+            except FileNotFoundError:
+                continue
+        if dead:
+            _unlink_quietly(path)
+            removed += 1
     return removed
 
 

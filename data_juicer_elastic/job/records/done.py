@@ -9,13 +9,17 @@ is confined (no escape by ``..`` or links) when opened (``output_path``).
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from data_juicer_elastic.errors import IntegrityError
-from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.job.layout import JobDir, attempt_name
 from data_juicer_elastic.job.records._read import MISSING, int_or, load_object, number_or_none
 from data_juicer_elastic.storage.files import dumps_json, publish_once
 
@@ -86,7 +90,51 @@ def load_done(job: JobDir, shard: str) -> DoneRecord | None:
     return None if raw is MISSING else _checked(job, shard, raw, path)
 
 
-def _checked(job: JobDir, shard: str, raw: Any, path: Path) -> DoneRecord:
+def load_done_many(job: JobDir, shards: Iterable[str]) -> dict[str, DoneRecord | IntegrityError]:
+    """Many done records at once (status, report): each shard's checked record, or why it was refused.
+
+    The same checks as ``load_done``, with the paths built once as strings: on
+    100,000 shards the per-record path objects cost more than the reads.
+    A shard without a record is left out.
+    """
+    done_dir = f"{job.done_dir}{os.sep}"
+    attempts = f"{job.relative(job.attempts_dir)}{os.sep}"
+    found: dict[str, DoneRecord | IntegrityError] = {}
+    for shard in shards:
+        path = f"{done_dir}{shard}.json"
+        try:
+            raw = orjson.loads(_read_small(path))
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError) as exc:
+            found[shard] = IntegrityError(
+                f"{path}: unreadable done record ({exc}); restore it or archive it and rerun {shard}"
+            )
+            continue
+        attempt = raw.get("attempt") if isinstance(raw, dict) else None
+        expected = (
+            f"{attempts}{shard}{os.sep}{attempt_name(attempt)}{os.sep}processed.jsonl" if type(attempt) is int else ""
+        )
+        try:
+            found[shard] = _checked(job, shard, raw, path, expected)
+        except IntegrityError as exc:
+            found[shard] = exc
+    return found
+
+
+def _read_small(path: str) -> bytes:
+    """A record's bytes in one read (a done record is a few hundred bytes)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        chunks = [os.read(fd, 1 << 16)]
+        while len(chunks[-1]) == 1 << 16:
+            chunks.append(os.read(fd, 1 << 16))
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _checked(job: JobDir, shard: str, raw: Any, path: Path | str, expected: str | None = None) -> DoneRecord:
     def bad(what: str) -> IntegrityError:
         return IntegrityError(
             f"{path}: {what}; the done record was edited or corrupted: restore it, or archive it and rerun {shard}"
@@ -106,9 +154,9 @@ def _checked(job: JobDir, shard: str, raw: Any, path: Path) -> DoneRecord:
     if not isinstance(host, str) or not host:
         raise bad(f"host is {host!r}, expected a host name")
     output = raw.get("output")
-    expected = expected_output(job, shard, raw["attempt"])
+    expected = expected or expected_output(job, shard, raw["attempt"])
     if output != expected:
-        job.confine(output, f"done record {path.name} output")  # outside the job dir: say so first
+        job.confine(output, f"done record {os.path.basename(path)} output")  # outside the job dir: say so first
         raise bad(f"output is {output!r}, expected {expected!r}")
     return DoneRecord(
         shard,

@@ -1,0 +1,270 @@
+"""Folder export: each shard's verified output published as an ordered part file, no byte copied.
+
+An ``export_path`` without a suffix (``out/result`` or ``out/result/``)
+names a folder; ``.jsonl`` names the one merged file (``merge.py``). The
+folder gets ``part-00000-of-01024.jsonl`` ... (the shard ids: input order is
+file name order), each a hard link to the attempt output its done record
+names, so publishing a shard is a link and a rename whatever its size. A
+part is put in place under a temp name and renamed, so a name in the folder
+is always a whole output. ``_SUCCESS`` (JSON: every part with its shard,
+attempt, rows, bytes and sha256) is written last, after the folder is
+fsynced: a reader that finds it knows the folder is complete; pyarrow and
+Ray skip ``_``-prefixed files, and it has no data suffix for Data-Juicer's
+readers to pick up.
+
+What is checked at export: every done record (as the merge does) and each
+output's size against its record, by stat; the content was re-read and
+hashed by the worker before it published the done record, and
+``verify_folder`` (``dj-elastic verify``) re-hashes every part against
+``_SUCCESS``. Re-hashing at export would read every byte again, which is
+what folder export exists to avoid.
+
+Where a link is impossible (the folder on another file system, a file
+system without hard links) the part is copied instead, checked against its
+record as the merge checks it. A killed export leaves parts and no
+``_SUCCESS``: an export into that folder resumes, keeping each part that is
+already the shard's output. A complete folder that holds exactly these
+outputs is left as it is (nothing rewritten).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from data_juicer_elastic.errors import IntegrityError, UserError
+from data_juicer_elastic.job.records.done import DoneRecord
+from data_juicer_elastic.storage.blocks import BLOCK, Digester, blocks, digest_file
+from data_juicer_elastic.storage.files import (
+    atomic_write,
+    dumps_json,
+    fsync_dir,
+    read_record,
+    remove_dead_temps_in,
+    temp_name,
+)
+
+SUCCESS = "_SUCCESS"
+FORMAT = "data-juicer-elastic folder export"
+VERSION = 1
+PART_RE = re.compile(r"^part-\d{5}-of-\d{5}\.jsonl$")
+# link() errors that mean "no hard link here" (another file system, a file system without them): copy instead
+_NO_LINK = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS}
+
+Done = tuple[DoneRecord, Path]  # a checked done record and its confined output path
+
+
+def is_folder_export(output: str | os.PathLike) -> bool:
+    """A path ending in a separator, or without a suffix, names a folder of part files."""
+    text = os.fspath(output)
+    if text.endswith(("/", os.sep)):
+        return True
+    return not os.path.splitext(os.path.basename(os.path.abspath(text)))[1]
+
+
+def part_name(shard: str) -> str:
+    return f"{shard}.jsonl"
+
+
+@dataclass
+class FolderExport:
+    folder: Path
+    rows: int
+    bytes: int
+    linked: int  # parts published by a link now
+    copied: int  # parts copied now (no hard link possible)
+    kept: int  # parts already in place from an earlier (killed) export
+
+
+def export_folder(
+    records: list[Done],
+    folder: Path,
+    *,
+    overwrite: bool,
+    log: Callable[[str], Any] = print,
+) -> FolderExport:
+    """Publish ``records`` into ``folder`` as part files, then ``_SUCCESS``."""
+    manifest = _manifest(records)
+    if _prepare_folder(folder, manifest, overwrite):
+        return _result(folder, records, kept=len(records))
+    remove_dead_temps_in(folder)  # what exports killed on this host left (and stale ones of any host)
+    linked = copied = kept = 0
+    wanted = {part_name(r.shard) for r, _ in records}
+    for record, path in records:
+        how = _publish_part(record, path, folder / part_name(record.shard))
+        linked += how == "linked"
+        copied += how == "copied"
+        kept += how == "kept"
+    for name in os.listdir(folder):  # parts of an earlier export of another shard count
+        if PART_RE.match(name) and name not in wanted:
+            os.unlink(folder / name)
+    fsync_dir(folder)  # every part's name is durable before the manifest says the folder is complete
+    atomic_write(folder / SUCCESS, dumps_json(manifest))
+    if copied:
+        log(f"{copied} part(s) were copied: {folder} is not on the job dir's file system (no hard link possible)")
+    return _result(folder, records, linked=linked, copied=copied, kept=kept)
+
+
+def _result(folder: Path, records: list[Done], linked: int = 0, copied: int = 0, kept: int = 0) -> FolderExport:
+    rows = sum(r.rows for r, _ in records)
+    size = sum(r.bytes for r, _ in records)
+    return FolderExport(folder, rows, size, linked, copied, kept)
+
+
+def shard_entry(r: DoneRecord) -> dict:
+    """What merge.json and ``_SUCCESS`` say of each shard output they hold."""
+    return {k: getattr(r, k) for k in ("shard", "attempt", "host", "rows", "bytes", "sha256")}
+
+
+def _manifest(records: list[Done]) -> dict:
+    parts = [{"file": part_name(r.shard), **shard_entry(r)} for r, _ in records]
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "parts": parts,
+        "rows": sum(p["rows"] for p in parts),
+        "bytes": sum(p["bytes"] for p in parts),
+    }
+
+
+def _prepare_folder(folder: Path, manifest: dict, overwrite: bool) -> bool:
+    """Make ``folder`` ready for the parts; True when it is complete with exactly these parts already."""
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"{folder}: exists and is not a folder; a path without a suffix names a folder of parts")
+    folder.mkdir(parents=True, exist_ok=True)
+    success = folder / SUCCESS
+    if success.exists():
+        found = read_record(success)
+        if found.get("parts") == manifest["parts"] and _parts_in_place(folder, manifest):
+            return True
+        if not overwrite:
+            raise UserError(
+                f"{folder}: holds a complete export of other outputs; pass --overwrite (or overwrite_output) "
+                "to replace it, or choose another folder"
+            )
+        os.unlink(success)  # from here on the folder reads as incomplete until the new manifest is written
+        fsync_dir(folder)
+    foreign = sorted(n for n in os.listdir(folder) if not PART_RE.match(n) and ".tmp-" not in n)
+    if foreign:
+        raise UserError(
+            f"{folder}: holds files that are not part files of an export ({', '.join(foreign[:3])}); "
+            "export into an empty or new folder"
+        )
+    return False
+
+
+def _parts_in_place(folder: Path, manifest: dict) -> bool:
+    """Every part named in the manifest is there with its size (a stat each; content: ``verify_folder``)."""
+    for part in manifest["parts"]:
+        try:
+            if os.stat(folder / part["file"]).st_size != part["bytes"]:
+                return False
+        except OSError:
+            return False
+    return True
+
+
+def _publish_part(record: DoneRecord, path: Path, target: Path) -> str:
+    """Put the shard's output at ``target``: ``linked``, ``copied`` or ``kept`` (already there)."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise IntegrityError(
+            f"shard {record.shard}: {path} cannot be read ({exc.strerror}); restore it or rerun the shard"
+        ) from exc
+    if st.st_size != record.bytes:
+        raise IntegrityError(
+            f"shard {record.shard}: {path} is {st.st_size} bytes, its done record says {record.bytes}; "
+            "it changed after the worker verified it: restore it, or archive the record and rerun the shard"
+        )
+    try:
+        if os.path.samefile(path, target):
+            return "kept"
+    except OSError:
+        pass
+    tmp = temp_name(target)
+    try:
+        try:
+            os.link(path, tmp)
+            how = "linked"
+        except OSError as exc:
+            if exc.errno not in _NO_LINK:
+                raise
+            _copy_checked(record, path, tmp)
+            how = "copied"
+        os.replace(tmp, target)
+    finally:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+    return how
+
+
+def _copy_checked(record: DoneRecord, path: Path, tmp: Path) -> None:
+    """Copy ``path`` to ``tmp`` (fsynced), checking rows, bytes and sha256 against the record as it goes."""
+    d = Digester()
+    with open(path, "rb", buffering=0) as src, open(tmp, "xb") as dst:
+        for block in blocks(src, bytearray(BLOCK)):
+            d.update(block)
+            dst.write(block)
+        dst.flush()
+        os.fsync(dst.fileno())
+    got = d.result()
+    problem = record.describe_mismatch(path, got.rows, got.bytes, got.sha256, got.ends_with_newline)
+    if problem:
+        raise IntegrityError(problem)
+
+
+def verify_folder(folder: str | os.PathLike) -> list[str]:
+    """Re-read every part of an exported folder against ``_SUCCESS``; the problems found (none: complete and intact)."""
+    folder = Path(folder)
+    success = folder / SUCCESS
+    try:
+        manifest = orjson.loads(success.read_bytes())
+        parts = manifest["parts"]
+        if manifest.get("format") != FORMAT or not isinstance(parts, list):
+            raise ValueError("not a folder export manifest")
+    except FileNotFoundError:
+        return [f"{folder}: no {SUCCESS}: the export is not complete; run the job (or `dj-elastic merge`) again"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return [f"{success}: unreadable ({exc}); export the job again (`dj-elastic merge --output {folder}/`)"]
+    problems = []
+    buf = bytearray(BLOCK)
+    for part in parts:
+        problems += _check_part(folder, part, buf)
+    listed = {p.get("file") for p in parts if isinstance(p, dict)}
+    extra = sorted(n for n in os.listdir(folder) if PART_RE.match(n) and n not in listed)
+    if extra:
+        problems.append(f"{folder}: part files not in {SUCCESS}: {', '.join(extra[:5])}; remove them or export again")
+    return problems
+
+
+def _check_part(folder: Path, part: Any, buf: bytearray) -> list[str]:
+    if not isinstance(part, dict) or not PART_RE.match(str(part.get("file", ""))):
+        return [f"{folder / SUCCESS}: a part entry is malformed ({part!r}); export the job again"]
+    path = folder / part["file"]
+    try:
+        d = digest_file(path, buf)
+    except OSError as exc:
+        return [f"{path}: cannot be read ({exc.strerror}); export the job again"]
+    got = {"rows": d.rows, "bytes": d.bytes, "sha256": d.sha256}
+    diffs = [f"{k} {got[k]}, {SUCCESS} says {part.get(k)}" for k in got if got[k] != part.get(k)]
+    if d.bytes and not d.ends_with_newline:
+        diffs.append("does not end with a newline")
+    if not diffs:
+        return []
+    return [f"{path}: does not match {SUCCESS} ({'; '.join(diffs)}); it changed after the export: export the job again"]
+
+
+def stamp(folder: Path) -> dict[str, int]:
+    """What ``merged_already`` compares: ``_SUCCESS``'s size, mtime and inode."""
+    st = os.stat(folder / SUCCESS)
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}
