@@ -15,8 +15,7 @@ import textwrap
 from data_juicer_elastic.job.layout import JobDir
 
 from .jobs import REPO, env_with
-from .reference import dj_process, read_rows, write_jsonl
-from .test_integration import elastic_recipe
+from .reference import dj_process, elastic_recipe, read_rows, write_jsonl
 
 SHARDS = 16
 CURSED = (7, 93)

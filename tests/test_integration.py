@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import textwrap
-from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -28,43 +25,15 @@ from .reference import (
     REPO,
     assert_matches_reference,
     dj_process,
+    elastic_recipe,
     input_ids,
     read_rows,
+    run_elastic,
     run_reference,
     write_jsonl,
 )
 
 pytestmark = pytest.mark.slow
-
-
-def run_elastic(config: Path, cwd: Path, *overrides: str) -> subprocess.CompletedProcess:
-    out = dj_process("--config", str(config), *overrides, cwd=cwd)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
-    assert "PASS:" in out.stderr + out.stdout
-    return out
-
-
-def elastic_recipe(path: Path, dataset: Path, export: Path, job: Path, process: list, **extra: Any) -> Path:
-    recipe = {
-        "project_name": path.stem,
-        "dataset_path": str(dataset),
-        "export_path": str(export),
-        "np": 2,
-        "executor_type": "elastic_shard",
-        "elastic_shard": {
-            "job_dir": str(job),
-            "num_shards": 4,
-            "max_retries": 0,
-            "heartbeat_secs": 2.0,
-            "lock_timeout_secs": 60.0,
-            "poll_interval_secs": 0.5,
-            "wait_timeout_secs": 120.0,
-        },
-        "process": process,
-        **extra,
-    }
-    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
-    return path
 
 
 # --------------------------------------------------------------------------- recipe 1: index_key, CLI overrides

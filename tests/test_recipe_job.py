@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -14,15 +13,13 @@ import yaml
 
 from data_juicer_elastic.job.layout import JobDir
 
-from .reference import OFFLINE, REPO, dj_process
+from .reference import REPO, dj_process, env_with
 
 DJ_ELASTIC = str(Path(sys.executable).parent / "dj-elastic")
 
 
 def dj_elastic(*args: str, cwd: Path, timeout: int = 400) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("DJ_ELASTIC_DISABLE", "RAY_JOB", "RAY_ADDRESS")}
-    env.update(OFFLINE)
-    return subprocess.run([DJ_ELASTIC, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([DJ_ELASTIC, *args], cwd=cwd, env=env_with(), capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture

@@ -17,14 +17,9 @@ from data_juicer_elastic.job.manifest import Policy
 from data_juicer_elastic.plugin import shard_io
 from data_juicer_elastic.plugin.runner import RayShardRunner, attempt_config, join_parts
 from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
+from tests.reference import OFFLINE
 
-for _key, _value in {
-    "HF_HUB_OFFLINE": "1",
-    "HF_DATASETS_OFFLINE": "1",
-    "PIP_NO_INDEX": "1",
-    "UV_OFFLINE": "1",
-    "RAY_USAGE_STATS_ENABLED": "0",
-}.items():
+for _key, _value in OFFLINE.items():
     os.environ.setdefault(_key, _value)
 
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]

@@ -20,6 +20,7 @@ from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.status import job_status
 from data_juicer_elastic.worker.budget import failure_count
 
+from .cluster import Cluster, done_hosts, finish
 from .jobs import (
     attempt_outcomes,
     check_done_exactly_once,
@@ -30,7 +31,6 @@ from .jobs import (
     started_shard,
     wait_for,
 )
-from .test_coordination import Cluster, done_hosts, finish
 
 EAGER = ("--speculation-min-secs", "0.5", "--speculation-quantile", "0.5", "--speculation-multiplier", "3")
 
