@@ -44,6 +44,7 @@ def _logs(tmp: Path, procs_logs: list[Path]) -> str:
 
 
 # chaos ----------------------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_chaos_random_kills_and_restarts_lose_nothing(tmp_path):
     """8 workers over 64 shards; a driver SIGKILLs or SIGTERMs random workers and starts new ones."""
