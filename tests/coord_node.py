@@ -53,6 +53,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--project", default=None, help="the recipe's project_name (a different recipe)")
     p.add_argument("--speculation-min-secs", type=float, default=None, help="speculation on with this minimum")
     p.add_argument("--signal-mid-merge", default=None, help="signal itself (KILL, TERM) half way through a merge")
+    p.add_argument("--recorded-version", default=None, help="prepare records this Data-Juicer version, not ours")
+    p.add_argument("--allow-version-mismatch", action="store_true")
     return p.parse_args(argv)
 
 
@@ -69,8 +71,11 @@ def build_spec(a: argparse.Namespace) -> JobSpec:
             max_retries=a.max_retries,
         )
         recipe = RECIPE if a.project is None else RECIPE.replace(b"protocol-test", a.project.encode())
+        versions = current_versions()
+        if a.recorded_version:
+            versions["data_juicer"] = a.recorded_version
         return PrepareRequest(
-            dataset_path=a.dataset, job_dir=a.job_dir, recipe_text=recipe, policy=policy, versions=current_versions()
+            dataset_path=a.dataset, job_dir=a.job_dir, recipe_text=recipe, policy=policy, versions=versions
         )
 
     def make_runner(job_dir: str):
@@ -91,6 +96,7 @@ def build_spec(a: argparse.Namespace) -> JobSpec:
         max_shards=a.max_shards,
         wait_timeout_secs=a.wait_timeout,
         poll_interval_secs=a.poll,
+        allow_version_mismatch=a.allow_version_mismatch,
         speculation=Speculation(min_secs=a.speculation_min_secs, quantile=0.5, multiplier=3.0)
         if a.speculation_min_secs is not None
         else Speculation(),
