@@ -158,7 +158,7 @@ def test_custom_operator_recipe_matches_one_ray_run(tmp_path):
     assert snapshot["custom_operator_paths"] == [str(ops)]
 
 
-def test_a_failing_op_fails_its_shard_and_the_job_exits_2(tmp_path):
+def test_a_value_error_in_an_op_fails_its_shard_at_the_first_attempt_and_the_job_exits_2(tmp_path):
     ops = tmp_path / "dje_failing_ops.py"
     ops.write_text(
         textwrap.dedent("""
@@ -184,12 +184,16 @@ def test_a_failing_op_fails_its_shard_and_the_job_exits_2(tmp_path):
         skip_op_error=False,
         custom_operator_paths=[str(ops)],
     )
+    # retries allowed: a ValueError would recur on every attempt, so the shard fails at its first
+    config.write_text(config.read_text().replace("max_retries: 0", "max_retries: 2"))
     out = dj_process("--config", str(config), cwd=tmp_path)
     assert out.returncode == 2, out.stderr[-3000:]
     assert "FAIL:" in out.stderr and "part-00000-of-00004" in out.stderr
     job = JobDir(tmp_path / "job")
     failed = json.loads(job.failed_path("part-00000-of-00004").read_text())
     assert "row 7 is cursed" in (job.root / failed["log"]).read_text()
+    assert failed["failures"] == 1, failed
+    assert [p.name for p in (job.attempts_dir / "part-00000-of-00004").iterdir()] == ["0001"], "it was retried"
     assert not (tmp_path / "out" / "merged.jsonl").exists()
 
 
