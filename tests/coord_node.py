@@ -28,7 +28,7 @@ from data_juicer_elastic.prepare.driver import PrepareRequest
 from data_juicer_elastic.worker.speculation import Speculation
 
 from . import runners
-from .chaos.killpoint import signal_half_way_through_merges
+from .chaos.killpoint import signal_half_way_through_merges, signal_in_prepare
 from .jobs import RECIPE
 
 
@@ -53,6 +53,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--project", default=None, help="the recipe's project_name (a different recipe)")
     p.add_argument("--speculation-min-secs", type=float, default=None, help="speculation on with this minimum")
     p.add_argument("--signal-mid-merge", default=None, help="signal itself (KILL, TERM) half way through a merge")
+    p.add_argument("--signal-in-prepare", default=None, help="POINT:SIG (tests/chaos/killpoint.py), e.g. staged:TERM")
+    p.add_argument("--recorded-version", default=None, help="prepare records this Data-Juicer version, not ours")
+    p.add_argument("--allow-version-mismatch", action="store_true")
     return p.parse_args(argv)
 
 
@@ -69,8 +72,11 @@ def build_spec(a: argparse.Namespace) -> JobSpec:
             max_retries=a.max_retries,
         )
         recipe = RECIPE if a.project is None else RECIPE.replace(b"protocol-test", a.project.encode())
+        versions = current_versions()
+        if a.recorded_version:
+            versions["data_juicer"] = a.recorded_version
         return PrepareRequest(
-            dataset_path=a.dataset, job_dir=a.job_dir, recipe_text=recipe, policy=policy, versions=current_versions()
+            dataset_path=a.dataset, job_dir=a.job_dir, recipe_text=recipe, policy=policy, versions=versions
         )
 
     def make_runner(job_dir: str):
@@ -91,6 +97,7 @@ def build_spec(a: argparse.Namespace) -> JobSpec:
         max_shards=a.max_shards,
         wait_timeout_secs=a.wait_timeout,
         poll_interval_secs=a.poll,
+        allow_version_mismatch=a.allow_version_mismatch,
         speculation=Speculation(min_secs=a.speculation_min_secs, quantile=0.5, multiplier=3.0)
         if a.speculation_min_secs is not None
         else Speculation(),
@@ -101,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     a = _args(argv)
     if a.signal_mid_merge:
         signal_half_way_through_merges(signal.Signals[f"SIG{a.signal_mid_merge}"])
+    if a.signal_in_prepare:
+        point, sig = a.signal_in_prepare.split(":")
+        signal_in_prepare(point, signal.Signals[f"SIG{sig}"])
     return run_job(build_spec(a), log=lambda line: print(line, flush=True))
 
 

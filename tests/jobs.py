@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import orjson
 
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.manifest import Policy
+from data_juicer_elastic.job.versions import current_versions
 from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
 
-REPO = Path(__file__).resolve().parent.parent
+from .reference import REPO, env_with
+
+__all__ = ["REPO", "env_with"]  # the one environment helper lives in reference.py; many tests import it here
 RECIPE = b"project_name: protocol-test\nprocess:\n  - whitespace_normalization_mapper: {}\n"
 
 
@@ -26,16 +31,29 @@ def write_corpus(path: Path, rows: int, width: int = 40) -> Path:
     return path
 
 
-def make_job(tmp: Path, *, rows: int = 100, shards: int = 10, job_dir: Path | None = None, **policy) -> JobDir:
-    """A prepared job over a fresh corpus (in ``tmp``); fast leases so tests finish quickly."""
+def make_job(
+    tmp: Path,
+    *,
+    rows: int = 100,
+    shards: int = 10,
+    job_dir: Path | None = None,
+    recipe: bytes = RECIPE,
+    versions: dict[str, str] | None = None,
+    **policy: Any,
+) -> JobDir:
+    """A prepared job over a fresh corpus (in ``tmp``); fast leases so tests finish quickly.
+
+    The manifest records this node's versions, as every real prepare does (``versions`` overrides them).
+    """
     settings = {"lock_timeout_secs": 3.0, "heartbeat_secs": 0.5, "poll_interval_secs": 0.1, "max_retries": 2}
     settings.update(policy)
     corpus = write_corpus(tmp / "input" / "data.jsonl", rows)
     req = PrepareRequest(
         dataset_path=str(corpus),
         job_dir=str(job_dir or tmp / "job"),
-        recipe_text=RECIPE,
+        recipe_text=recipe,
         policy=Policy(num_shards=shards, **settings),
+        versions=current_versions() if versions is None else versions,
     )
     prepare(req, log=lambda *_: None)
     return JobDir(job_dir or tmp / "job")
@@ -55,13 +73,6 @@ def worker_cmd(job: JobDir, runner: str = "copy", *extra: str) -> list[str]:
     ]
 
 
-def env_with(**extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    env.update(extra)
-    return env
-
-
 def spawn_worker(
     job: JobDir, runner: str = "copy", *extra: str, log: Path | None = None, **env: str
 ) -> subprocess.Popen:
@@ -76,11 +87,29 @@ def spawn_worker(
     )
 
 
-def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05) -> None:
+def wait_for(
+    predicate,
+    what: str = "",
+    *,
+    timeout: float = 60.0,
+    interval: float = 0.05,
+    proc: subprocess.Popen | None = None,
+    log: Path | None = None,
+):
+    """Poll ``predicate`` until it returns something truthy, and return that; fail naming ``what`` was awaited.
+
+    With ``proc``, fail as soon as that process exits first; ``log`` (its output) is quoted in the failure.
+    """
     deadline = time.monotonic() + timeout
-    while not predicate():
+    while True:
+        value = predicate()
+        if value:
+            return value
+        tail = f":\n{log.read_text(errors='replace')[-4000:]}" if log is not None and log.exists() else ""
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"process {proc.pid} exited {proc.returncode} before {what or predicate}{tail}")
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {predicate}")
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what or predicate}{tail}")
         time.sleep(interval)
 
 
@@ -197,3 +226,18 @@ def started_shard(job: JobDir, attempt: str = "0001", timeout: float = 60) -> st
 
     wait_for(look, timeout=timeout)
     return found[0]
+
+
+def stat_of(path: Path) -> tuple[int, int]:
+    """Inode and mtime: a file rewritten in place or replaced shows here."""
+    st = os.stat(path)
+    return st.st_ino, st.st_mtime_ns
+
+
+def tree_stats(folder: Path) -> dict[str, tuple[int, int, str]]:
+    """Every file below ``folder``: inode, mtime and content hash."""
+    return {
+        str(p.relative_to(folder)): (*stat_of(p), hashlib.sha256(p.read_bytes()).hexdigest())
+        for p in folder.rglob("*")
+        if p.is_file()
+    }

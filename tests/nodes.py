@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from data_juicer_elastic.coordination.rundir import run_root
 from data_juicer_elastic.job.claims import parse_lease_name
 from data_juicer_elastic.job.layout import JobDir
 
-from .reference import DJ_PROCESS, REPO, dj_env, write_jsonl
+from .reference import DJ_PROCESS, env_with, write_jsonl
 
 RUN_ID = "nodes-run"
 
@@ -83,20 +82,10 @@ def session_pids(sid: int) -> list[int]:
     return sorted(pids, key=lambda p: p != sid)
 
 
-def wait_until(predicate, what: str, timeout: float = 600.0, interval: float = 0.05):
-    """Poll ``predicate`` until it returns something truthy; fail naming ``what`` was awaited."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(interval)
-
-
 @dataclass
 class Node:
+    """One started node (a ``dj-process``, a ``tests.coord_node``, a worker): its process, log and gate."""
+
     host: str
     proc: subprocess.Popen
     log: Path
@@ -127,12 +116,35 @@ class Node:
         except subprocess.TimeoutExpired:
             raise AssertionError(f"node {self.host} did not exit within {timeout:g}s:\n{self.tail()}") from None
 
+    @property
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
     def tail(self, chars: int = 4000) -> str:
-        return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
+        return self.output[-chars:]
 
     def last_line(self) -> str:
-        lines = [x for x in self.log.read_text(errors="replace").splitlines() if "PASS:" in x or "FAIL:" in x]
+        lines = self.output.strip().splitlines()
+        return lines[-1] if lines else ""
+
+    def result(self) -> str:
+        """The job's outcome as this node logged it: the text after its last PASS: or FAIL:."""
+        lines = [x for x in self.output.splitlines() if "PASS:" in x or "FAIL:" in x]
         return lines[-1].split("PASS:", 1)[-1].split("FAIL:", 1)[-1].strip() if lines else ""
+
+
+def start_node(cmd: list[str], host: str, log: Path, *, cwd: Path, gate: Path | None = None, **env: str) -> Node:
+    """Start ``cmd`` as node ``host`` in a session of its own (so a test can signal it whole), output to ``log``."""
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            env=env_with(DJ_ELASTIC_HOSTNAME=host, **env),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return Node(host, proc, log, gate)
 
 
 class Nodes:
@@ -185,18 +197,8 @@ class Nodes:
             gate = self.tmp / f"gate-{host}-{len(self.nodes)}"
             gate.mkdir()
             env["DJE_TEST_GATE"] = str(gate)
-        path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-        full_env = dj_env(DJ_ELASTIC_HOSTNAME=host, DJ_ELASTIC_RUN_ID=RUN_ID, PYTHONPATH=path, **env)
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(
-                [DJ_PROCESS, "--config", str(self.recipe)],
-                cwd=self.tmp,
-                env=full_env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        node = Node(host, proc, log, gate)
+        env.setdefault("DJ_ELASTIC_RUN_ID", RUN_ID)
+        node = start_node([DJ_PROCESS, "--config", str(self.recipe)], host, log, cwd=self.tmp, gate=gate, **env)
         self.nodes.append(node)
         return node
 

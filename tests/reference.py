@@ -20,6 +20,8 @@ from typing import Any
 
 import yaml
 
+from data_juicer_elastic.coordination import run_id as coord
+
 REPO = Path(__file__).resolve().parent.parent
 # Nothing may be downloaded: no models, no datasets, no packages through Data-Juicer's lazy installer.
 OFFLINE = {
@@ -32,12 +34,29 @@ OFFLINE = {
     "PYTHONUNBUFFERED": "1",
 }
 DJ_PROCESS = str(Path(os.environ.get("VIRTUAL_ENV", Path(sys.executable).parent.parent)) / "bin" / "dj-process")
-# Variables a test must not inherit: they would switch the plugin off or point Ray elsewhere.
-SCRUBBED = ("DJ_ELASTIC_DISABLE", "RAY_JOB", "RAY_ADDRESS")
+# Variables a test's child process must not inherit: they would switch the plugin off, point Ray elsewhere, or
+# make a lone process look like one rank of a launcher's job (whose run id it would then take).
+SCRUBBED = (
+    "DJ_ELASTIC_DISABLE",
+    "RAY_JOB",
+    "RAY_ADDRESS",
+    "SLURM_STEP_ID",
+    coord.RUN_ID_ENV,
+    *coord.LAUNCHER_RUN_ID_ENVS,
+    *coord.WORLD_SIZE_ENVS,
+    *coord.LOCAL_RANK_ENVS,
+)
 
 
-def dj_env(**extra: str) -> dict[str, str]:
+def env_with(*, repo_on_path: bool = True, **extra: str) -> dict[str, str]:
+    """The environment of every process a test starts: scrubbed, offline, then ``extra``.
+
+    ``repo_on_path`` puts this checkout first on PYTHONPATH (so ``tests.runners`` imports); the device check
+    leaves it off so that the installed wheel is the code it measures.
+    """
     env = {k: v for k, v in os.environ.items() if k not in SCRUBBED}
+    if repo_on_path:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     env.update(OFFLINE, **extra)
     return env
 
@@ -46,7 +65,7 @@ def dj_process(
     *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: int = 400
 ) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [DJ_PROCESS, *args], cwd=cwd, env=dj_env(**(env or {})), capture_output=True, text=True, timeout=timeout
+        [DJ_PROCESS, *args], cwd=cwd, env=env_with(**(env or {})), capture_output=True, text=True, timeout=timeout
     )
 
 
@@ -68,7 +87,11 @@ def input_ids(root: Path) -> list[int]:
 
 
 def differences(a: Any, b: Any, where: str = "$") -> list[str]:
-    """Value differences, where a key null on one side and absent on the other counts as equal."""
+    """Value and type differences, where a key null on one side and absent on the other counts as equal.
+
+    Types count: ``1``, ``1.0`` and ``True`` are equal to Python's ``==`` but are three different JSON
+    values (DESIGN.md invariant 13: a row's values do not depend on the shard it fell in).
+    """
     if isinstance(a, dict) and isinstance(b, dict):
         out = []
         for key in sorted(set(a) | set(b)):
@@ -81,6 +104,8 @@ def differences(a: Any, b: Any, where: str = "$") -> list[str]:
         return out
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
         return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in differences(x, y, f"{where}[{i}]")]
+    if type(a) is not type(b):
+        return [f"{where}: {a!r} ({type(a).__name__}) != {b!r} ({type(b).__name__})"]
     return [] if a == b else [f"{where}: {a!r} != {b!r}"]
 
 
@@ -103,6 +128,38 @@ def assert_matches_reference(
             assert row.pop(index_key) == position[row["id"]], f"{index_key} of id {row['id']} is not its row index"
         problems += differences(row, by_id[row["id"]], f"id={row['id']}")
     assert not problems, problems[:20]
+
+
+def elastic_recipe(path: Path, dataset: Path, export: Path, job: Path, process: list, **extra: Any) -> Path:
+    """A user's ``executor_type: elastic_shard`` recipe file: 4 shards, no retries, short test timeouts."""
+    recipe = {
+        "project_name": path.stem,
+        "dataset_path": str(dataset),
+        "export_path": str(export),
+        "np": 2,
+        "executor_type": "elastic_shard",
+        "elastic_shard": {
+            "job_dir": str(job),
+            "num_shards": 4,
+            "max_retries": 0,
+            "heartbeat_secs": 2.0,
+            "lock_timeout_secs": 60.0,
+            "poll_interval_secs": 0.5,
+            "wait_timeout_secs": 120.0,
+        },
+        "process": process,
+        **extra,
+    }
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path
+
+
+def run_elastic(config: Path, cwd: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """``dj-process --config`` of an elastic recipe, which must pass."""
+    out = dj_process("--config", str(config), *overrides, cwd=cwd)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
+    assert "PASS:" in out.stderr + out.stdout
+    return out
 
 
 def reference_recipe(user_recipe: Path, out_dir: Path, dataset_path: Path | None = None) -> Path:

@@ -12,11 +12,12 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from data_juicer_elastic.job.layout import JobDir
 
 from .jobs import REPO, env_with
-from .reference import dj_process, read_rows, write_jsonl
-from .test_integration import elastic_recipe
+from .reference import dj_process, elastic_recipe, read_rows, write_jsonl
 
 SHARDS = 16
 CURSED = (7, 93)
@@ -94,6 +95,7 @@ def test_story_console_of_a_16_shard_run_and_rows_removed_by_op_errors(tmp_path)
     assert (generation.gen_dir / "report.html").exists()
 
 
+@pytest.mark.slow  # a second Ray run; the story run above is the fast tier's one real dj-process job
 def test_full_console_is_one_switch_away(tmp_path):
     out = dj_process("--config", str(recipe(tmp_path, 2)), cwd=tmp_path, env={"DJ_ELASTIC_CONSOLE": "full"})
     console = out.stdout + out.stderr

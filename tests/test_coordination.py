@@ -5,116 +5,18 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
-import sys
-from dataclasses import dataclass
-from pathlib import Path
 
 import orjson
 import pytest
 
-from data_juicer_elastic.coordination import run_id as coord
 from data_juicer_elastic.coordination.run_id import resolve_run_id, safe_key
 from data_juicer_elastic.coordination.spec import strict_split_ok
 from data_juicer_elastic.errors import UserError
-from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.report import REPORT_NAME
 
+from .cluster import Cluster, count, done_hosts, finish
 from .coord_summary import run_summaries
-from .jobs import REPO, attempt_outcomes, env_with, wait_for, write_corpus
-
-LAUNCHER_ENVS = (
-    coord.RUN_ID_ENV,
-    *coord.LAUNCHER_RUN_ID_ENVS,
-    *coord.WORLD_SIZE_ENVS,
-    *coord.LOCAL_RANK_ENVS,
-    "SLURM_STEP_ID",
-)
-
-
-@dataclass
-class Node:
-    host: str
-    proc: subprocess.Popen
-    log: Path
-
-    def wait(self, timeout: float = 300) -> int:
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"node {self.host} did not exit within {timeout:g}s:\n{self.output[-3000:]}") from None
-
-    @property
-    def output(self) -> str:
-        return self.log.read_text()
-
-
-class Cluster:
-    """Starts simulated nodes of one job: the same command, different DJ_ELASTIC_HOSTNAME."""
-
-    def __init__(self, tmp: Path, *, rows: int = 160, shards: int = 16) -> None:
-        self.tmp = tmp
-        self.dataset = write_corpus(tmp / "input" / "data.jsonl", rows)
-        self.job = JobDir(tmp / "job")
-        self.export = tmp / "out" / "merged.jsonl"
-        self.shards = shards
-        self.started = 0
-
-    def start(self, hosts: list[str], *args: str, run_id: str = "run-1", **env: str) -> list[Node]:
-        return [self.start_one(host, *args, run_id=run_id, **env) for host in hosts]
-
-    def start_one(self, host: str, *args: str, run_id: str = "run-1", **env: str) -> Node:
-        self.started += 1
-        log = self.tmp / f"node-{self.started}-{host}.log"
-        cmd = [
-            sys.executable,
-            "-m",
-            "tests.coord_node",
-            "--job-dir",
-            str(self.job.root),
-            "--export",
-            str(self.export),
-            "--dataset",
-            str(self.dataset),
-            "--shards",
-            str(self.shards),
-            *args,
-        ]
-        full_env = env_with(DJ_ELASTIC_HOSTNAME=host, DJ_ELASTIC_RUN_ID=run_id, **env)
-        for name in LAUNCHER_ENVS:
-            if name not in env and name != coord.RUN_ID_ENV:
-                full_env.pop(name, None)
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(
-                cmd, cwd=REPO, env=full_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        return Node(host, proc, log)
-
-
-def finish(nodes: list[Node], timeout: float = 300) -> list[int]:
-    try:
-        return [n.wait(timeout) for n in nodes]
-    finally:
-        for n in nodes:
-            if n.proc.poll() is None:
-                n.proc.kill()
-
-
-def last_line(node: Node) -> str:
-    return node.output.strip().splitlines()[-1]
-
-
-def count(nodes: list[Node], text: str) -> int:
-    return sum(n.output.count(text) for n in nodes)
-
-
-def done_hosts(job: JobDir) -> dict[str, int]:
-    hosts: dict[str, int] = {}
-    for name in os.listdir(job.done_dir):
-        host = orjson.loads((job.done_dir / name).read_bytes())["host"]
-        hosts[host] = hosts.get(host, 0) + 1
-    return hosts
-
+from .jobs import attempt_outcomes, wait_for
 
 # whole jobs ---------------------------------------------------------------------------------------
 
@@ -130,7 +32,7 @@ def test_four_nodes_elastic_every_shard_once_merged_once_same_exit_code(tmp_path
     assert sorted(hosts) == [f"node-{i}" for i in range(4)], f"not every node did work: {hosts}"
     assert count(nodes, "worker started on host=") == 4
     assert sum(hosts.values()) == 16
-    finals = {last_line(n) for n in nodes}
+    finals = {n.last_line() for n in nodes}
     assert len(finals) == 1, finals
     assert finals.pop().startswith(f"PASS: 16 shards completed by {len(hosts)} host(s) ({len(hosts)} of 4 expected")
     assert all(o == ["done"] for o in attempt_outcomes(c.job).values())
@@ -144,7 +46,7 @@ def test_elastic_two_of_four_expected_nodes_still_completes(tmp_path):
     c = Cluster(tmp_path, rows=80, shards=8)
     nodes = c.start(["node-0", "node-1"], "--nodes", "4")
     assert finish(nodes) == [0, 0], [n.output for n in nodes]
-    assert all("PASS: 8 shards completed by" in last_line(n) for n in nodes)
+    assert all("PASS: 8 shards completed by" in n.last_line() for n in nodes)
     assert c.export.read_bytes() == c.dataset.read_bytes()
 
 
@@ -153,7 +55,7 @@ def test_strict_three_nodes_each_do_their_share(tmp_path):
     nodes = c.start(["node-0", "node-1", "node-2"], "--nodes", "3", "--strict")
     assert finish(nodes) == [0, 0, 0], [n.output for n in nodes]
     assert done_hosts(c.job) == {"node-0": 3, "node-1": 3, "node-2": 3}
-    assert all(last_line(n).startswith("PASS: 9 shards completed by 3 host(s)") for n in nodes)
+    assert all(n.last_line().startswith("PASS: 9 shards completed by 3 host(s)") for n in nodes)
 
 
 def test_strict_with_a_node_missing_fails_naming_hosts_and_shards(tmp_path):
@@ -161,8 +63,8 @@ def test_strict_with_a_node_missing_fails_naming_hosts_and_shards(tmp_path):
     nodes = c.start(["node-0", "node-1"], "--nodes", "3", "--strict", "--wait-timeout", "3")
     assert finish(nodes) == [2, 2], [n.output for n in nodes]
     assert done_hosts(c.job) == {"node-0": 2, "node-1": 2}
-    message = last_line(nodes[0])
-    assert message == last_line(nodes[1])
+    message = nodes[0].last_line()
+    assert message == nodes[1].last_line()
     assert "2 of 6 shards are not done" in message
     assert "hosts seen in this run: 2 (node-0, node-1)" in message
     assert "require_all_nodes expects 3 nodes" in message and "1 missing node(s)" in message
@@ -173,7 +75,7 @@ def test_strict_split_that_lets_fewer_nodes_finish_is_refused(tmp_path):
     c = Cluster(tmp_path, rows=40, shards=4)
     nodes = c.start(["node-0"], "--nodes", "3", "--strict")
     assert finish(nodes) == [2]
-    assert "use num_shards=5, a multiple of 3 or any number from 6 up" in last_line(nodes[0])
+    assert "use num_shards=5, a multiple of 3 or any number from 6 up" in nodes[0].last_line()
     assert os.listdir(c.job.root) == ["runs"] and not c.job.exists()
 
 
@@ -182,7 +84,7 @@ def test_prepare_failure_reaches_every_process(tmp_path):
     nodes = c.start(["node-0", "node-1", "node-2"], "--prepare-error", "recipe.yaml: unknown key 'procss'")
     assert finish(nodes) == [2, 2, 2]
     for n in nodes:
-        assert re.match(r"FAIL: prepare failed on host=node-\d: recipe.yaml: unknown key 'procss'$", last_line(n))
+        assert re.match(r"FAIL: prepare failed on host=node-\d: recipe.yaml: unknown key 'procss'$", n.last_line())
     assert count(nodes, "elected as prepare coordinator") == 1
     assert os.listdir(c.job.root) == ["runs"]  # nothing but the election state, inside the job dir
     assert os.listdir(c.job.runs_dir) == [safe_key("run-1")]
@@ -198,7 +100,7 @@ def test_terminal_shard_failure_stops_every_process(tmp_path):
     nodes.append(c.start_one("node-0", *args, DJE_TEST_FAIL_SHARDS=bad, LOCAL_RANK="1"))  # a pure waiter
     assert finish(nodes) == [2, 2, 2, 2]
     for n in nodes:
-        line = last_line(n)
+        line = n.last_line()
         assert line.startswith(f"FAIL: shard {bad} failed terminally"), line
         assert f"attempts/{bad}/0001/process.log" in line and "dj-elastic retry" in line
     assert (c.job.runs_dir / safe_key("run-1") / "abort.json").exists()
@@ -219,8 +121,8 @@ def test_killed_prepare_coordinator_times_out_then_a_new_run_finishes(tmp_path):
     survivors = [n for n in nodes if n.proc.pid != victim]
     assert sorted(codes.values()) == [-signal.SIGKILL, 2, 2]
     for n in survivors:
-        assert "published no result and its heartbeat stopped" in last_line(n)
-        assert f"pid={victim}" in last_line(n) and "Submit the job again" in last_line(n)
+        assert "published no result and its heartbeat stopped" in n.last_line()
+        assert f"pid={victim}" in n.last_line() and "Submit the job again" in n.last_line()
     assert not c.job.exists()
 
     again = c.start(["node-0", "node-1", "node-2"], run_id="second")
@@ -232,11 +134,11 @@ def test_killed_prepare_coordinator_times_out_then_a_new_run_finishes(tmp_path):
     third = c.start(["node-0", "node-1"], run_id="third")
     assert finish(third) == [0, 0]
     assert attempt_outcomes(c.job) == before
-    assert all("PASS: 6 shards completed" in last_line(n) for n in third)
+    assert all("PASS: 6 shards completed" in n.last_line() for n in third)
     # reusing an ended run id replays its recorded outcome and says how to run again
     [replay] = c.start(["node-5"], run_id="first")
     assert finish([replay]) == [2]
-    assert "run first already ended (exit 2)" in replay.output and "published no result" in last_line(replay)
+    assert "run first already ended (exit 2)" in replay.output and "published no result" in replay.last_line()
     runs = run_summaries(c.job.root)
     assert [(r.run_id, r.outcome.exit_code) for r in runs] == [("first", 2), ("second", 0), ("third", 0)]
     assert runs[0].prepared_by == f"{next(n.host for n in nodes if n.proc.pid == victim)} pid {victim}"
@@ -256,7 +158,7 @@ def test_finalize_coordinator_signalled_mid_merge_then_a_new_run_merges_once(tmp
     assert "elected as finalize coordinator" in victim.output
     for n in nodes:
         if n is not victim:
-            line = last_line(n)
+            line = n.last_line()
             if sig == signal.SIGKILL:  # noticed when its heartbeat stops
                 assert "heartbeat stopped" in line and f"pid={victim.proc.pid}" in line, line
             else:  # it says so itself
@@ -291,7 +193,7 @@ def test_two_ranks_on_one_host_run_one_claim_loop(tmp_path):
     assert runners_started.count("node-0") == 1 and set(done_hosts(c.job)) <= set(runners_started)
     assert count(nodes[:2], "worker started on host=node-0") == 1
     assert count(nodes[:2], "runs the claim loop for host=node-0") == 1
-    assert len({last_line(n) for n in nodes}) == 1
+    assert len({n.last_line() for n in nodes}) == 1
 
 
 # run ids and helpers ------------------------------------------------------------------------------

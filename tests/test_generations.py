@@ -8,7 +8,6 @@ process whose recipe differs from its run's refuses to work.
 from __future__ import annotations
 
 import gzip
-import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -25,24 +24,10 @@ from data_juicer_elastic.status import job_status
 from data_juicer_elastic.storage.files import dumps_json
 from data_juicer_elastic.worker.loop import run_worker
 
-from .jobs import RECIPE, make_job
+from .cluster import Cluster, count, finish
+from .jobs import RECIPE, make_job, stat_of, tree_stats
 from .prep_helpers import shard_bytes
 from .runners import copy
-from .test_coordination import Cluster, count, finish, last_line
-
-
-def stat_of(path: Path) -> tuple[int, int]:
-    st = os.stat(path)
-    return st.st_ino, st.st_mtime_ns
-
-
-def tree_stats(folder: Path) -> dict[str, tuple[int, int, str]]:
-    """Every file below ``folder``: inode, mtime and content hash."""
-    return {
-        str(p.relative_to(folder)): (*stat_of(p), hashlib.sha256(p.read_bytes()).hexdigest())
-        for p in folder.rglob("*")
-        if p.is_file()
-    }
 
 
 def rows(path: Path) -> list[dict]:
@@ -80,13 +65,13 @@ def test_hand_started_nodes_merge_once_and_a_rerun_rewrites_nothing(tmp_path):
     assert finish(nodes) == [0, 0, 0], [n.output for n in nodes]
     assert count(nodes, "elected as prepare coordinator") == 3  # three runs ...
     assert count(nodes, "merged 8 shards") == 1, [n.output for n in nodes]  # ... one merge
-    assert all(last_line(n).startswith("PASS: 8 shards completed") for n in nodes)
+    assert all(n.last_line().startswith("PASS: 8 shards completed") for n in nodes)
     assert c.export.read_bytes() == b"".join(shard_bytes(c.job.root))
     before = stat_of(c.export), stat_of(c.job.merge_record_path)
 
     again = c.start(["node-3"], run_id="")
     assert finish(again) == [0]
-    assert "nothing rewritten" in last_line(again[0]) and count(again, "merged 8 shards") == 0
+    assert "nothing rewritten" in again[0].last_line() and count(again, "merged 8 shards") == 0
     assert (stat_of(c.export), stat_of(c.job.merge_record_path)) == before
 
     c.export.unlink()  # the output is gone: the next run merges it again
@@ -101,7 +86,7 @@ def test_a_process_whose_recipe_differs_from_its_runs_refuses_to_work(tmp_path):
     codes = finish(nodes)
     assert sorted(codes) == [0, 2], [n.output for n in nodes]
     refused = nodes[codes.index(2)]
-    line = last_line(refused)
+    line = refused.last_line()
     assert line.startswith("FAIL: this process's recipe differs from the one this run prepared"), line
     assert "project_name:" in line and "'alpha'" in line and "'beta'" in line, line
     assert count([refused], "worker started") == 0

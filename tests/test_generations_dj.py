@@ -16,12 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from data_juicer_elastic.coordination import run_id as coord
 from data_juicer_elastic.job.layout import JobDir
 
-from .reference import DJ_PROCESS, OFFLINE, dj_process, read_rows, write_jsonl
-from .test_generations import stat_of, tree_stats
-from .test_integration import elastic_recipe
+from .jobs import stat_of, tree_stats
+from .reference import DJ_PROCESS, dj_process, elastic_recipe, env_with, read_rows, write_jsonl
 
 pytestmark = pytest.mark.slow
 
@@ -46,12 +44,6 @@ def filter_recipe(tmp_path: Path, min_len: int, **elastic: object) -> Path:
 
 def kept(min_len: int) -> list[int]:
     return [i for i, t in enumerate(TEXTS) if len(t) >= min_len]
-
-
-def no_launcher_env() -> dict[str, str]:
-    """What a person starting dj-process by hand has: no run id, no launcher variables."""
-    names = (coord.RUN_ID_ENV, *coord.LAUNCHER_RUN_ID_ENVS, *coord.WORLD_SIZE_ENVS, *coord.LOCAL_RANK_ENVS)
-    return {k: v for k, v in os.environ.items() if k not in names and k not in ("DJ_ELASTIC_DISABLE", "RAY_ADDRESS")}
 
 
 def test_edited_threshold_reuses_the_shards_and_never_mixes_generations(tmp_path):
@@ -80,7 +72,7 @@ def test_edited_threshold_reuses_the_shards_and_never_mixes_generations(tmp_path
 
 def test_two_hand_started_dj_process_merge_once_and_a_rerun_rewrites_nothing(tmp_path):
     config = filter_recipe(tmp_path, 15)
-    env = {**no_launcher_env(), **OFFLINE}
+    env = env_with()  # what a person starting dj-process by hand has: no run id, no launcher variables
     procs = [
         subprocess.Popen(
             [DJ_PROCESS, "--config", str(config)],

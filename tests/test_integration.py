@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import textwrap
-from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -28,43 +25,15 @@ from .reference import (
     REPO,
     assert_matches_reference,
     dj_process,
+    elastic_recipe,
     input_ids,
     read_rows,
+    run_elastic,
     run_reference,
     write_jsonl,
 )
 
 pytestmark = pytest.mark.slow
-
-
-def run_elastic(config: Path, cwd: Path, *overrides: str) -> subprocess.CompletedProcess:
-    out = dj_process("--config", str(config), *overrides, cwd=cwd)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
-    assert "PASS:" in out.stderr + out.stdout
-    return out
-
-
-def elastic_recipe(path: Path, dataset: Path, export: Path, job: Path, process: list, **extra: Any) -> Path:
-    recipe = {
-        "project_name": path.stem,
-        "dataset_path": str(dataset),
-        "export_path": str(export),
-        "np": 2,
-        "executor_type": "elastic_shard",
-        "elastic_shard": {
-            "job_dir": str(job),
-            "num_shards": 4,
-            "max_retries": 0,
-            "heartbeat_secs": 2.0,
-            "lock_timeout_secs": 60.0,
-            "poll_interval_secs": 0.5,
-            "wait_timeout_secs": 120.0,
-        },
-        "process": process,
-        **extra,
-    }
-    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
-    return path
 
 
 # --------------------------------------------------------------------------- recipe 1: index_key, CLI overrides
@@ -189,7 +158,7 @@ def test_custom_operator_recipe_matches_one_ray_run(tmp_path):
     assert snapshot["custom_operator_paths"] == [str(ops)]
 
 
-def test_a_failing_op_fails_its_shard_and_the_job_exits_2(tmp_path):
+def test_a_value_error_in_an_op_fails_its_shard_at_the_first_attempt_and_the_job_exits_2(tmp_path):
     ops = tmp_path / "dje_failing_ops.py"
     ops.write_text(
         textwrap.dedent("""
@@ -215,12 +184,16 @@ def test_a_failing_op_fails_its_shard_and_the_job_exits_2(tmp_path):
         skip_op_error=False,
         custom_operator_paths=[str(ops)],
     )
+    # retries allowed: a ValueError would recur on every attempt, so the shard fails at its first
+    config.write_text(config.read_text().replace("max_retries: 0", "max_retries: 2"))
     out = dj_process("--config", str(config), cwd=tmp_path)
     assert out.returncode == 2, out.stderr[-3000:]
     assert "FAIL:" in out.stderr and "part-00000-of-00004" in out.stderr
     job = JobDir(tmp_path / "job")
     failed = json.loads(job.failed_path("part-00000-of-00004").read_text())
     assert "row 7 is cursed" in (job.root / failed["log"]).read_text()
+    assert failed["failures"] == 1, failed
+    assert [p.name for p in (job.attempts_dir / "part-00000-of-00004").iterdir()] == ["0001"], "it was retried"
     assert not (tmp_path / "out" / "merged.jsonl").exists()
 
 

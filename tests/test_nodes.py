@@ -16,7 +16,8 @@ import orjson
 import pytest
 import yaml
 
-from .nodes import Nodes, wait_until
+from .jobs import wait_for
+from .nodes import Nodes
 from .reference import assert_matches_reference, input_ids, read_rows, run_reference
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -55,21 +56,21 @@ def test_nodes_killed_at_ray_start_up_and_mid_shard_lose_nothing(tmp_path, refer
         b = nodes.start("node-b")
         c = nodes.start("node-c")
         # Ray start-up: C won its host's claim-loop election and holds no lease yet
-        wait_until(lambda: nodes.claim_loop_elected("node-c"), "node-c's claim-loop election")
+        wait_for(lambda: nodes.claim_loop_elected("node-c"), "node-c's claim-loop election", timeout=600)
         assert not nodes.leases_of("node-c"), "node-c claimed before the test could kill it at Ray start-up"
         c.signal(signal.SIGKILL)
         # mid-shard: A's Ray worker is inside the gate, in A's first shard, and B, done with every other
         # shard, is idle: it takes A's shard over as soon as the lease lets it, which the bound below checks
-        wait_until(lambda: (a.gate / "entered").exists(), "node-a to enter the gate inside a shard")
+        wait_for(lambda: (a.gate / "entered").exists(), "node-a to enter the gate inside a shard", timeout=600)
         [(shard, attempt)] = nodes.leases_of("node-a")
-        wait_until(lambda: len(nodes.done_records()) == 5, "node-b to finish every shard but node-a's")
+        wait_for(lambda: len(nodes.done_records()) == 5, "node-b to finish every shard but node-a's", timeout=600)
         a.signal(signal.SIGKILL)
         assert a.wait() == -signal.SIGKILL and c.wait() == -signal.SIGKILL
         last_beat = nodes.job.claims_dir.joinpath(f"{shard}@{attempt:04d}").stat().st_mtime
         assert b.wait(900) == 0, nodes.logs()
     finally:
         nodes.stop_all()
-    assert b.last_line().startswith("6 shards completed by 1 host(s): node-b=6"), b.last_line()
+    assert b.result().startswith("6 shards completed by 1 host(s): node-b=6"), b.result()
     assert nodes.attempt_record(shard, attempt)["outcome"] == "running"  # killed: it never finished
     assert nodes.done_records()[shard]["attempt"] == attempt + 1
     delay = takeover_delay(nodes, shard, attempt, last_beat)
@@ -84,25 +85,27 @@ def test_stopped_nodes_resume_without_publishing_stale_work(tmp_path, reference)
     try:
         a = nodes.start("node-a", gated=True)
         b = nodes.start("node-b")
-        wait_until(lambda: nodes.claim_loop_elected("node-b"), "node-b's claim-loop election")
+        wait_for(lambda: nodes.claim_loop_elected("node-b"), "node-b's claim-loop election", timeout=600)
         w = nodes.start("node-b", LOCAL_RANK="1")  # a pure waiter: node-b's claim loop runs elsewhere
-        wait_until(lambda: "this process waits for the job result" in w.tail(), "node-b's second process to wait")
+        wait_for(
+            lambda: "this process waits for the job result" in w.tail(), "node-b's second process to wait", timeout=600
+        )
         w.signal(signal.SIGSTOP)  # waiting, and stopped until the job is finalized
-        wait_until(lambda: (a.gate / "entered").exists(), "node-a to enter the gate inside a shard")
+        wait_for(lambda: (a.gate / "entered").exists(), "node-a to enter the gate inside a shard", timeout=600)
         [(shard, attempt)] = nodes.leases_of("node-a")
-        wait_until(lambda: len(nodes.done_records()) == 5, "node-b to finish every shard but node-a's")
+        wait_for(lambda: len(nodes.done_records()) == 5, "node-b to finish every shard but node-a's", timeout=600)
         a.signal(signal.SIGSTOP)  # B is idle now: it takes the shard over as soon as the lease lets it
         last_beat = nodes.job.claims_dir.joinpath(f"{shard}@{attempt:04d}").stat().st_mtime
-        wait_until(lambda: shard in nodes.done_records(), f"node-b to take over and finish {shard}", timeout=600)
+        wait_for(lambda: shard in nodes.done_records(), f"node-b to take over and finish {shard}", timeout=600)
         (a.gate / "open").touch()
         a.signal(signal.SIGCONT)
-        wait_until(nodes.job.merge_record_path.exists, "merge.json", timeout=600)
+        wait_for(nodes.job.merge_record_path.exists, "merge.json", timeout=600)
         w.signal(signal.SIGCONT)
         codes = [n.wait(600) for n in (a, b, w)]
     finally:
         nodes.stop_all()
     assert codes == [0, 0, 0], nodes.logs()
-    finals = {n.last_line() for n in (a, b, w)}
+    finals = {n.result() for n in (a, b, w)}
     assert len(finals) == 1, finals
     assert finals.pop().startswith("6 shards completed by"), nodes.logs()
     assert nodes.attempt_record(shard, attempt)["outcome"] == "superseded"

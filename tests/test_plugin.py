@@ -149,8 +149,14 @@ def _build(tmp_path: Path) -> tuple[Path, Path]:
     return wheel, editable
 
 
-def test_wheel_and_editable_wheel_ship_the_pth_at_their_root(tmp_path):
-    wheel, editable = _build(tmp_path)
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory) -> tuple[Path, Path]:
+    """One wheel and one editable wheel for the module's tests (they only read them)."""
+    return _build(tmp_path_factory.mktemp("wheels"))
+
+
+def test_wheel_and_editable_wheel_ship_the_pth_at_their_root(wheels):
+    wheel, editable = wheels
     pth = (REPO / "data_juicer_elastic" / "plugin" / "data_juicer_elastic.pth").read_bytes()
     for path in (wheel, editable):
         with zipfile.ZipFile(path) as z:
@@ -164,9 +170,9 @@ def test_wheel_and_editable_wheel_ship_the_pth_at_their_root(tmp_path):
             )
 
 
-def test_installed_wheel_activates_and_is_harmless_without_data_juicer(tmp_path):
+def test_installed_wheel_activates_and_is_harmless_without_data_juicer(tmp_path, wheels):
     """Install the wheel (unpack into a fresh venv's site-packages, as pip does for a pure wheel)."""
-    wheel, _ = _build(tmp_path)
+    wheel, _ = wheels
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     py = venv / "bin" / "python"

@@ -1,9 +1,14 @@
-"""`dj-elastic prepare --config` / `dj-elastic run --config`, and the README's demo command, for real."""
+"""`dj-elastic prepare --config` / `dj-elastic run --config`, and the README's demo command, for real.
+
+``prepare`` runs in this process (``cli.main``, Data-Juicer's parser patched by the hook, as in a
+``dj-elastic`` process): the parse-time refusals cost no interpreter start. The demo runs as the README
+says, in real ``dj-process`` and ``dj-elastic`` processes, and its output is compared row by row with an
+independent plain ``executor_type: ray`` run of the same recipe.
+"""
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -12,17 +17,26 @@ from pathlib import Path
 import pytest
 import yaml
 
+from data_juicer_elastic.cli import main as cli_main
 from data_juicer_elastic.job.layout import JobDir
 
-from .reference import OFFLINE, REPO, dj_process
+from .reference import (
+    OFFLINE,
+    REPO,
+    SCRUBBED,
+    assert_matches_reference,
+    dj_process,
+    env_with,
+    input_ids,
+    read_rows,
+    run_reference,
+)
 
 DJ_ELASTIC = str(Path(sys.executable).parent / "dj-elastic")
 
 
 def dj_elastic(*args: str, cwd: Path, timeout: int = 400) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("DJ_ELASTIC_DISABLE", "RAY_JOB", "RAY_ADDRESS")}
-    env.update(OFFLINE)
-    return subprocess.run([DJ_ELASTIC, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([DJ_ELASTIC, *args], cwd=cwd, env=env_with(), capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture
@@ -34,14 +48,33 @@ def demo(tmp_path: Path) -> Path:
     return tmp_path
 
 
+@pytest.fixture
+def prepare_here(demo: Path, monkeypatch, capsys):
+    """``dj-elastic prepare ARGS`` in this process, from the demo folder: (exit code, stderr)."""
+    monkeypatch.chdir(demo)
+    for name in SCRUBBED:
+        monkeypatch.delenv(name, raising=False)
+    for key, value in OFFLINE.items():
+        monkeypatch.setenv(key, value)
+
+    def run(*args: str) -> tuple[int, str]:
+        capsys.readouterr()
+        try:
+            code = cli_main(["prepare", *args])
+        except SystemExit as exc:  # the parser refuses a value as jsonargparse does: exit 2
+            code = exc.code
+        return code, capsys.readouterr().err
+
+    return run
+
+
 def manifest(job: Path) -> dict:
     return json.loads((job / "manifest.json").read_text())
 
 
-def test_prepare_takes_the_recipe_and_command_line_overrides(demo):
+def test_prepare_takes_the_recipe_and_command_line_overrides(demo, prepare_here):
     job = demo / "elsewhere" / "job"
     args = (
-        "prepare",
         "--config",
         "configs/demo.yaml",
         "--job-dir",
@@ -53,8 +86,8 @@ def test_prepare_takes_the_recipe_and_command_line_overrides(demo):
         "--dataset-path",
         "demos/data/text/books.jsonl",
     )
-    out = dj_elastic(*args, cwd=demo)
-    assert out.returncode == 0, out.stderr[-3000:]
+    code, err = prepare_here(*args)
+    assert code == 0, err[-3000:]
     m = manifest(job)
     assert len(m["shards"]) == 3 and m["policy"]["max_retries"] == 5
     assert m["dataset_path"] == str(demo / "demos/data/text/books.jsonl") and m["total_rows"] == 120
@@ -62,27 +95,35 @@ def test_prepare_takes_the_recipe_and_command_line_overrides(demo):
     assert snapshot["executor_type"] == "ray" and "elastic_shard" not in snapshot  # what each shard runs
     assert not (demo / "outputs").exists()  # prepare only writes the job dir
 
-    again = dj_elastic(*args, cwd=demo)
-    assert again.returncode == 0, again.stderr[-3000:]
+    code, err = prepare_here(*args)
+    assert code == 0, err[-3000:]
     assert manifest(job) == m
 
-    other = dj_elastic(*args[:-4], "--num-shards", "4", cwd=demo)
-    assert other.returncode == 2
-    assert "num_shards: 3 in job dir, 4 requested" in other.stderr
+    code, err = prepare_here(*args[:-4], "--num-shards", "4")
+    assert code == 2
+    assert "num_shards: 3 in job dir, 4 requested" in err
     assert manifest(job) == m
 
 
-def test_prepare_refuses_a_global_op_and_a_bad_value_writing_nothing(demo):
+def test_prepare_refuses_a_global_op_a_typo_and_a_bad_value_writing_nothing(demo, prepare_here):
     recipe = yaml.safe_load((demo / "configs" / "demo.yaml").read_text())
     recipe["process"].append({"document_deduplicator": {}})
     (demo / "global.yaml").write_text(yaml.safe_dump(recipe))
-    out = dj_elastic("prepare", "--config", "global.yaml", cwd=demo)
-    assert out.returncode == 2
-    assert "document_deduplicator" in out.stderr
+    code, err = prepare_here("--config", "global.yaml")
+    assert code == 2
+    assert "document_deduplicator" in err
     assert not (demo / "outputs").exists()
 
-    bad = dj_elastic("prepare", "--config", "configs/demo.yaml", "--num-shards", "0", cwd=demo)
-    assert bad.returncode == 2 and "num_shards" in bad.stderr
+    recipe = yaml.safe_load((demo / "configs" / "demo.yaml").read_text())
+    recipe["process"].append({"text_length_filter": {"min_lenn": 5}})
+    (demo / "typo.yaml").write_text(yaml.safe_dump(recipe))
+    code, err = prepare_here("--config", "typo.yaml")
+    assert code == 2 and f"process[{len(recipe['process']) - 1}] text_length_filter: Unknown parameter" in err, err
+    assert "'min_lenn'" in err and "did you mean: min_len" in err, err
+    assert not (demo / "outputs").exists()
+
+    code, err = prepare_here("--config", "configs/demo.yaml", "--num-shards", "0")
+    assert code == 2 and "num_shards" in err
     assert not (demo / "outputs").exists()
 
 
@@ -94,6 +135,10 @@ def test_readme_demo_command_and_dj_elastic_run_agree(demo):
     assert "PASS: 4 shards completed by 1 host(s)" in out.stderr
     merged = (demo / "outputs" / "demo" / "demo.jsonl").read_bytes()
     assert 0 < merged.count(b"\n") < 400  # the filters drop some of the 400 rows
+    # row for row what one plain executor_type: ray run of the same recipe gives, this package switched off
+    reference = run_reference(demo / "configs" / "demo.yaml", demo / "ref", cwd=demo)
+    dataset = demo / yaml.safe_load((demo / "configs" / "demo.yaml").read_text())["dataset_path"]
+    assert_matches_reference(read_rows(demo / "outputs" / "demo" / "demo.jsonl"), reference, input_ids(dataset))
 
     recipe = yaml.safe_load((demo / "configs" / "demo.yaml").read_text())
     recipe["export_path"] = "./outputs/again/demo.jsonl"

@@ -17,6 +17,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import orjson
+import pytest
 
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.report import REPORT_NAME, write_report
@@ -95,6 +96,7 @@ def run_nodes(tmp: Path) -> tuple[JobDir, list[str], list[subprocess.Popen]]:
     def node(host: str, **env: str) -> subprocess.Popen:
         cmd = [sys.executable, "-m", "tests.coord_node", "--job-dir", str(job.root), "--export", str(tmp / "out.jsonl")]
         cmd += ["--dataset", str(dataset), "--shards", "12", "--runner", "story", "--wait-timeout", "60"]
+        cmd += ["--lock-timeout", "10"]  # node-c's lease is waited out: 10 s, not the 60 s default
         full = env_with(DJ_ELASTIC_HOSTNAME=host, DJ_ELASTIC_RUN_ID="report-run", **env)
         with open(tmp / f"{host}.log", "wb") as log:
             return subprocess.Popen(
@@ -114,6 +116,7 @@ def run_nodes(tmp: Path) -> tuple[JobDir, list[str], list[subprocess.Popen]]:
     return job, fail_once, [node(h, **env) for h in ("node-a", "node-b")]
 
 
+@pytest.mark.slow  # three nodes, a lease waited out, two Chromium starts
 def test_report_of_a_real_job_in_chromium(tmp_path):
     chromium()
     job, fail_once, nodes = run_nodes(tmp_path)

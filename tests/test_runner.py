@@ -19,14 +19,9 @@ from data_juicer_elastic.ray_runner import shard_io
 from data_juicer_elastic.ray_runner.configs import attempt_config
 from data_juicer_elastic.ray_runner.runner import RayShardRunner
 from data_juicer_elastic.ray_runner.shard_io import join_parts
+from tests.reference import OFFLINE
 
-for _key, _value in {
-    "HF_HUB_OFFLINE": "1",
-    "HF_DATASETS_OFFLINE": "1",
-    "PIP_NO_INDEX": "1",
-    "UV_OFFLINE": "1",
-    "RAY_USAGE_STATS_ENABLED": "0",
-}.items():
+for _key, _value in OFFLINE.items():
     os.environ.setdefault(_key, _value)
 
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]

@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,8 @@ import yaml
 from data_juicer_elastic.job.claims import RELEASED_MTIME
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.status import job_status
-from tests.reference import DJ_PROCESS, OFFLINE, write_jsonl
+from tests.jobs import wait_for
+from tests.reference import DJ_PROCESS, env_with, write_jsonl
 
 pytestmark = pytest.mark.slow
 
@@ -78,26 +78,14 @@ def slow_job(tmp: Path, rows: int = 24, shards: int = 2) -> Path:
 
 
 def start(recipe: Path, log: Path, **env: str) -> subprocess.Popen:
-    full = {k: v for k, v in os.environ.items() if k not in ("DJ_ELASTIC_DISABLE", "RAY_JOB", "RAY_ADDRESS")}
-    full.update(OFFLINE, **env)
     return subprocess.Popen(
         [DJ_PROCESS, "--config", str(recipe)],
         cwd=recipe.parent,
-        env=full,
+        env=env_with(**env),
         stdout=open(log, "ab"),
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-
-
-def wait_for(what: str, predicate, proc: subprocess.Popen, log: Path, timeout: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if proc.poll() is not None:
-            raise AssertionError(f"dj-process exited {proc.returncode} before {what}:\n{log.read_text()[-4000:]}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}:\n{log.read_text()[-4000:]}")
-        time.sleep(0.05)
 
 
 def stop(proc: subprocess.Popen, sig: int, log: Path) -> int:
@@ -135,10 +123,18 @@ def test_sigterm_while_waiting_and_mid_shard_releases_and_exits_143(tmp_path):
     worker_log, waiter_log = tmp_path / "worker.log", tmp_path / "waiter.log"
     worker = start(recipe, worker_log, **env)
     try:
-        wait_for("the claim loop's host ballot", lambda: found(job, "hosts/*.json"), worker, worker_log)
+        wait_for(
+            lambda: found(job, "hosts/*.json"), "the claim loop's host ballot", proc=worker, log=worker_log, timeout=300
+        )
         waiter = start(recipe, waiter_log, **env)  # same run, same host: it only waits
-        wait_for("the second process to wait", lambda: len(found(job, "members/*.json")) == 2, waiter, waiter_log)
-        wait_for("the slow op to start in a Ray worker", marker.exists, worker, worker_log)
+        wait_for(
+            lambda: len(found(job, "members/*.json")) == 2,
+            "the second process to wait",
+            proc=waiter,
+            log=waiter_log,
+            timeout=300,
+        )
+        wait_for(marker.exists, "the slow op to start in a Ray worker", proc=worker, log=worker_log, timeout=300)
         assert stop(waiter, signal.SIGTERM, waiter_log) == 128 + signal.SIGTERM, waiter_log.read_text()[-4000:]
         assert worker.poll() is None  # the job goes on without the waiter
         assert stop(worker, signal.SIGTERM, worker_log) == 128 + signal.SIGTERM, worker_log.read_text()[-4000:]
@@ -165,7 +161,7 @@ def test_stop_signal_during_ray_startup_exits_128_plus_n(tmp_path, sig):
     proc = start(recipe, log, DJE_TEST_SLOW="30")
     try:
         # the host ballot is taken right before this host's runner starts Ray and parses the recipe
-        wait_for("the claim loop's host ballot", lambda: found(job, "hosts/*.json"), proc, log)
+        wait_for(lambda: found(job, "hosts/*.json"), "the claim loop's host ballot", proc=proc, log=log, timeout=300)
         assert stop(proc, sig, log) == 128 + sig, log.read_text()[-4000:]
     finally:
         if proc.poll() is None:
@@ -182,7 +178,13 @@ def test_sigint_during_prepare_leaves_no_half_job_and_exits_130(tmp_path):
     try:
         # prepare is fast on this input: the signal lands in prepare or just after; either way 130
         ballot = str(tmp_path / "**" / "prepare.coordinator.json")
-        wait_for("the prepare ballot", lambda: glob.glob(ballot, recursive=True, include_hidden=True), proc, log)
+        wait_for(
+            lambda: glob.glob(ballot, recursive=True, include_hidden=True),
+            "the prepare ballot",
+            proc=proc,
+            log=log,
+            timeout=300,
+        )
         assert stop(proc, signal.SIGINT, log) == 128 + signal.SIGINT, log.read_text()[-4000:]
     finally:
         if proc.poll() is None:

@@ -3,13 +3,17 @@
 Hosts are simulated with DJ_ELASTIC_HOSTNAME; ``tests.runners:straggler`` makes a host slow on
 purpose. Speculation is made eager (half the shards done, 0.5 s minimum) so the tests stay short,
 and tolerant (multiplier 3) so a busy test machine's timing noise does not make a fast host look slow.
+
+A test that checks that nothing was backed up waits for a worker's own report that it looked and found
+nothing to claim (its "waiting for ..." line, logged after a whole scan), never for a fixed time, and
+makes sure the shard was late enough to be backed up before that scan began.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import time
+from pathlib import Path
 
 import orjson
 import pytest
@@ -20,6 +24,7 @@ from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.status import job_status
 from data_juicer_elastic.worker.budget import failure_count
 
+from .cluster import Cluster, done_hosts, finish
 from .jobs import (
     attempt_outcomes,
     check_done_exactly_once,
@@ -30,13 +35,30 @@ from .jobs import (
     started_shard,
     wait_for,
 )
-from .test_coordination import Cluster, done_hosts, finish
 
 EAGER = ("--speculation-min-secs", "0.5", "--speculation-quantile", "0.5", "--speculation-multiplier", "3")
 
 
 def info(job: JobDir, sid: str, attempt: int) -> dict:
     return orjson.loads((job.attempt_dir(sid, attempt) / "attempt.json").read_bytes())
+
+
+def log_of(job: JobDir, host: str) -> Path:
+    return job.root.parent / f"{host}.log"
+
+
+def scanned_and_waited(job: JobDir, host: str) -> bool:
+    """``host``'s worker ended a whole scan with nothing to claim or back up (it logs which leases it waits on),
+    or it backed a shard up (which the caller's check then reports)."""
+    log = log_of(job, host)
+    text = log.read_text() if log.exists() else ""
+    return "waiting for 1 shard(s) leased by other workers" in text or "backing up " in text
+
+
+def running_for(job: JobDir, sid: str, attempt: int, secs: float) -> bool:
+    """Attempt ``attempt`` of ``sid`` has been claimed for ``secs`` by the shared filesystem's clock."""
+    store = ClaimStore(job, lock_timeout=3.0, host="test")
+    return store.now() - info(job, sid, attempt)["claimed_at"] >= secs
 
 
 def worker(job: JobDir, host: str, *extra: str, **env: str):
@@ -49,7 +71,7 @@ def worker(job: JobDir, host: str, *extra: str, **env: str):
         "--prefetch-shards",
         "0",
         *extra,
-        log=job.root.parent / f"{host}.log",
+        log=log_of(job, host),
         DJ_ELASTIC_HOSTNAME=host,
         **env,
     )
@@ -91,11 +113,12 @@ def test_original_and_backup_killed_in_turn_then_a_third_attempt_finishes(tmp_pa
         sid = started_shard(job)
         fast = worker(job, "fast", DJE_TEST_SLOW_BACKUPS="1")  # its backup straggles too
         wait_for((job.attempt_dir(sid, 2) / "started").exists, timeout=60)
-        idle = worker(job, "idle")  # nothing to claim: waits on the two live attempts
         kill_group(slow, signal.SIGKILL)
         store = ClaimStore(job, lock_timeout=2.0, host="test")
         wait_for(lambda: not store.is_live(sid, 1, store.now()), timeout=30)
-        time.sleep(1.0)  # the idle worker scans ~10 times with the original stale and its backup live
+        # a worker that scans with the original stale and its backup live: nothing to claim, it waits
+        idle = worker(job, "idle")
+        wait_for(lambda: scanned_and_waited(job, "idle"), "the idle worker's first scan", timeout=60)
         assert store.latest_attempts()[sid] == 2, "a dead original was taken over while its backup lived"
         assert "status" and job_status(job).shards[int(sid[5:10])].backup["original_live"] is False
         kill_group(fast, signal.SIGKILL)
@@ -122,8 +145,10 @@ def test_a_backup_that_straggles_too_loses_to_the_original_and_is_stopped(tmp_pa
         sid = started_shard(job)
         fast = worker(job, "fast", DJE_TEST_SLOW_BACKUPS="1")  # the backup sleeps 600 s unless stopped
         wait_for((job.attempt_dir(sid, 2) / "started").exists, timeout=60)
+        # both attempts late (past the 0.5 s minimum and 3x a 0.2 s shard) before a third worker scans
+        wait_for(lambda: running_for(job, sid, 2, 1.5), "the backup to run late", timeout=60)
         idle = worker(job, "idle", DJE_TEST_SLOW_BACKUPS="1")
-        time.sleep(1.5)  # both attempts are past the 0.5 s minimum: a second backup could start now
+        wait_for(lambda: scanned_and_waited(job, "idle"), "the idle worker's first scan", timeout=60)
         assert ClaimStore(job, lock_timeout=3.0, host="t").latest_attempts()[sid] == 2, "a second backup"
         assert cli_main(["status", "--job-dir", str(job.root)]) == 1
         shown = capsys.readouterr().out
@@ -149,9 +174,11 @@ def test_speculation_off_never_backs_up(tmp_path):
     fast = None
     try:
         sid = started_shard(job)
+        # late before the other worker's first idle scan: with speculation on, that scan backs it up
+        wait_for(lambda: running_for(job, sid, 1, 1.5), "the original to run late", timeout=60)
         fast = worker(job, "fast", "--no-speculation")
-        wait_for(lambda: len(job.done_ids()) == 3, timeout=60)
-        time.sleep(1.5)
+        wait_for(lambda: scanned_and_waited(job, "fast"), "the fast worker's first idle scan", timeout=60)
+        assert len(job.done_ids()) == 3
         assert ClaimStore(job, lock_timeout=3.0, host="t").latest_attempts()[sid] == 1
         gate.touch()
         assert [p.wait(timeout=60) for p in (slow, fast)] == [0, 0]
@@ -161,6 +188,31 @@ def test_speculation_off_never_backs_up(tmp_path):
             if p is not None:
                 kill_group(p, signal.SIGKILL)
     assert attempt_outcomes(job)[sid] == ["done"]
+
+
+def test_a_late_shard_is_never_backed_up_on_its_own_host(tmp_path):
+    """A fast worker on the slow worker's host leaves its late shard alone; one on another host backs it up."""
+    job = make_job(tmp_path, rows=40, shards=4)
+    slow = worker(job, "slow", DJE_TEST_SLOW_HOSTS="slow", DJE_TEST_UNTIL_DONE="1")
+    neighbour = other = None
+    try:
+        sid = started_shard(job)
+        wait_for(lambda: running_for(job, sid, 1, 1.5), "the original to run late", timeout=60)
+        neighbour = spawn_worker(  # the same host, not slow itself: it does the other three shards
+            job, "straggler", *EAGER, "--prefetch-shards", "0", log=log_of(job, "neighbour"), DJ_ELASTIC_HOSTNAME="slow"
+        )
+        wait_for(lambda: scanned_and_waited(job, "neighbour"), "the neighbour's first idle scan", timeout=60)
+        assert len(job.done_ids()) == 3
+        assert ClaimStore(job, lock_timeout=3.0, host="t").latest_attempts()[sid] == 1, "backed up on its own host"
+        other = worker(job, "other")  # the same late shard, seen from another host: backed up
+        assert [p.wait(timeout=60) for p in (other, slow, neighbour)] == [0, 0, 0]
+    finally:
+        for p in (slow, neighbour, other):
+            if p is not None:
+                kill_group(p, signal.SIGKILL)
+    assert attempt_outcomes(job)[sid] == ["lost-race", "done"]
+    assert (info(job, sid, 2)["backup"], info(job, sid, 2)["host"]) == (True, "other")
+    merge_and_check(job, tmp_path / "merged.jsonl")
 
 
 @pytest.mark.timeout(180)

@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.reference import dj_process, read_rows, write_jsonl
-from tests.test_integration import elastic_recipe
+from tests.reference import dj_process, elastic_recipe, read_rows, write_jsonl
 
 pytestmark = pytest.mark.slow
 ANSI = re.compile(r"\x1b\[")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import mmap
 import os
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,6 +28,10 @@ from data_juicer_elastic.ray_runner.arrow_schema import shard_facts
 DEFAULT_BLOCK = 1 << 20  # pyarrow.json's default block size
 # An op that raised one of these inside a Ray task did so on the data or the recipe: it recurs.
 _RECURRING_IN_OPS = (ValueError, TypeError, KeyError, IndexError, AttributeError, ZeroDivisionError, AssertionError)
+# Ray Data wraps an op's exception in a UserCodeException whose cause does not survive the trip back from
+# the Ray worker: only the remote traceback's text still names it, on a line of its own.
+_NAMES = "|".join(t.__name__ for t in _RECURRING_IN_OPS)
+_RAISED_IN_RAY = re.compile(rf"^(?:\x1b\[[0-9;]*m)*(?:{_NAMES})(?::|$)", re.MULTILINE)
 
 
 def longest_line(path: str) -> int:
@@ -112,7 +117,9 @@ def classify(exc: Exception, shard_path: str, job_dir: str, read_options: Any = 
         first = str(arrow).strip().splitlines()[0] if str(arrow).strip() else type(arrow).__name__
         at = f"{where}: " if where else ""
         return PermanentError(f"{at}a row Ray's JSON reader refuses ({first}); fix or drop that row, then resubmit")
-    if any(isinstance(e, RayTaskError) for e in chain) and any(isinstance(e, _RECURRING_IN_OPS) for e in chain):
+    if any(isinstance(e, RayTaskError) for e in chain) and (
+        any(isinstance(e, _RECURRING_IN_OPS) for e in chain) or _RAISED_IN_RAY.search(str(exc))
+    ):
         return PermanentError(f"an op raised on the shard's data: {type(exc).__name__}: {exc}")
     return exc
 

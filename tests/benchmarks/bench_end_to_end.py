@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import resource
 import shutil
@@ -40,7 +39,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for tests.reference
-from tests.reference import OFFLINE, assert_matches_reference, read_rows
+from tests.reference import assert_matches_reference, env_with, read_rows
 
 TARGET = 1.15
 DJ_PROCESS = str(Path(sys.executable).parent / "dj-process")
@@ -75,8 +74,7 @@ def count_rows(path: Path) -> int:
 
 
 def run(config: Path, cwd: Path, timeout: int) -> tuple[float, float, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("DJ_ELASTIC_DISABLE", "RAY_JOB", "RAY_ADDRESS")}
-    env.update(OFFLINE)
+    env = env_with()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     out = subprocess.run(

@@ -11,6 +11,11 @@ POINT is one of
 Worker points die at the first shard named in DJE_TEST_DIE_SHARDS (any shard when unset) and
 otherwise run the real claim loop with the identity runner; the merge point runs the real merge.
 Only this harness is patched: the protocol code runs unchanged up to the kill.
+
+Prepare points (``signal_in_prepare``, used by ``tests.coord_node --signal-in-prepare POINT:SIG``):
+  staged              every shard and the manifest are written in the staging folder, nothing published
+  shards-published    the shards are renamed into place, the manifest is not linked yet
+  manifest-published  the manifest is linked, the recipe's generation is not started yet
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from pathlib import Path
 from data_juicer_elastic import merge as merge_mod
 from data_juicer_elastic.job.layout import SHARD_ID_RE, JobDir
 from data_juicer_elastic.job.records import done as done_mod
+from data_juicer_elastic.prepare import driver as driver_mod
+from data_juicer_elastic.prepare import staging as staging_mod
 from data_juicer_elastic.worker import attempt as attempt_mod
 from data_juicer_elastic.worker.loop import run_worker
 
@@ -51,6 +58,30 @@ def signal_half_way_through_merges(signum: int = signal.SIGKILL) -> None:
         return copy_one(done, writer, *args)
 
     merge_mod._copy_one = copy_then_signal
+
+
+PREPARE_POINTS = ("staged", "shards-published", "manifest-published")
+
+
+def signal_in_prepare(point: str, signum: int = signal.SIGKILL) -> None:
+    """Any prepare in this process sends it ``signum`` at ``point`` (see the module's docstring)."""
+
+    def signalled(real):
+        def call(*args, **kwargs):
+            if point != "shards-published" or str(args[0]).endswith("manifest.json"):
+                os.kill(os.getpid(), signum)
+            return real(*args, **kwargs)
+
+        return call
+
+    if point == "staged":
+        staging_mod.Staging.publish = signalled(staging_mod.Staging.publish)
+    elif point == "shards-published":
+        staging_mod.publish_once = signalled(staging_mod.publish_once)  # its manifest link, after the rename
+    elif point == "manifest-published":
+        driver_mod.ensure_generation = signalled(driver_mod.ensure_generation)
+    else:
+        raise ValueError(f"unknown prepare point {point!r}; one of {', '.join(PREPARE_POINTS)}")
 
 
 def main(argv: list[str] | None = None) -> int:

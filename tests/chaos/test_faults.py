@@ -23,6 +23,7 @@ from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.merge import merge
 from data_juicer_elastic.status import job_status
 
+from ..cluster import Cluster, finish
 from ..jobs import (
     assert_taken_over_after_timeout,
     attempt_outcomes,
@@ -36,7 +37,8 @@ from ..jobs import (
     spawn_worker,
     wait_for,
 )
-from ..prep_helpers import fake_done
+from ..prep_helpers import fake_done, shard_bytes
+from .killpoint import PREPARE_POINTS
 
 
 def _logs(tmp: Path, procs_logs: list[Path]) -> str:
@@ -44,6 +46,7 @@ def _logs(tmp: Path, procs_logs: list[Path]) -> str:
 
 
 # chaos ----------------------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_chaos_random_kills_and_restarts_lose_nothing(tmp_path):
     """8 workers over 64 shards; a driver SIGKILLs or SIGTERMs random workers and starts new ones."""
@@ -258,3 +261,38 @@ def test_merge_killed_mid_copy_or_before_rename_never_shows_a_partial_output(tmp
     merge(job, str(out), overwrite=True, log=lambda *_: None)
     assert out.read_bytes() == expected
     assert _temps(out_dir) == []
+
+
+# a prepare coordinator stopped inside prepare ----------------------------------------------------------
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["KILL", "TERM"])
+@pytest.mark.parametrize("point", PREPARE_POINTS)
+def test_prepare_coordinator_stopped_inside_prepare_then_a_new_run_finishes(tmp_path, point, sig):
+    """Stopped with everything staged, between the shards' rename and the manifest's link, and before the
+    generation starts: the run ends (the other node says why), and the next submission finishes the job."""
+    c = Cluster(tmp_path, rows=60, shards=6)
+    args = ("--signal-in-prepare", f"{point}:{sig.name[3:]}", "--wait-timeout", "3")
+    first = c.start(["node-0", "node-1"], *args, run_id="first")
+    codes = finish(first, timeout=120)
+    code = -signal.SIGKILL if sig == signal.SIGKILL else 128 + signal.SIGTERM
+    assert sorted(codes) == sorted([code, 2]), [n.output for n in first]
+    [victim] = [n for n in first if n.proc.returncode == code]
+    [other] = [n for n in first if n is not victim]
+    assert "elected as prepare coordinator" in victim.output
+    if sig == signal.SIGTERM:
+        assert f"the prepare coordinator on host={victim.host} was interrupted" in other.last_line(), other.output
+    else:
+        assert "heartbeat stopped" in other.last_line() and f"pid={victim.proc.pid}" in other.last_line()
+    root = c.job.root
+    published = {"staged": (False, False), "shards-published": (True, False), "manifest-published": (True, True)}
+    assert ((root / "shards").is_dir(), (root / "manifest.json").exists()) == published[point]
+    if sig == signal.SIGTERM and point == "staged":  # it left nothing but the runs' own state
+        assert sorted(os.listdir(root)) == ["runs"], os.listdir(root)
+    assert not c.export.exists()
+
+    again = c.start(["node-0", "node-1"], run_id="second")
+    assert finish(again) == [0, 0], [n.output for n in again]
+    assert c.export.read_bytes() == c.dataset.read_bytes()
+    clean = Cluster(tmp_path / "clean", rows=60, shards=6)  # the same input prepared without a fault
+    [node] = clean.start(["node-0"])
+    assert finish([node]) == [0], node.output
+    assert shard_bytes(root) == shard_bytes(clean.job.root), "the resumed prepare published other shards"

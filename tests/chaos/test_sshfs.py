@@ -36,7 +36,7 @@ from ..jobs import (
     write_corpus,
 )
 
-pytestmark = pytest.mark.sshfs
+pytestmark = [pytest.mark.sshfs, pytest.mark.slow]
 
 FAST = {"lock_timeout_secs": 4.0, "heartbeat_secs": 0.5, "poll_interval_secs": 0.2}
 CACHE_SECS = 1.0  # sshfs.CACHE_OPTIONS: attr/entry/stat caches of one second

@@ -136,7 +136,7 @@ def _smi(*query: str) -> list[str]:
 
 
 def dj_process(kind: str, config: Path, run: Path, gpu: bool) -> float:
-    env = REF.dj_env()
+    env = REF.env_with(repo_on_path=False)
     sampler = GpuSampler() if gpu else None
     if sampler:
         sampler.start()
@@ -277,7 +277,7 @@ def main() -> int:
                 [exe("dj-elastic"), "status", "--job-dir", str(job)],
                 capture_output=True,
                 text=True,
-                env=REF.dj_env(),
+                env=REF.env_with(repo_on_path=False),
             )
             say(f"[{kind}] dj-elastic status --job-dir {job} -> exit {st.returncode}:\n{st.stdout}{st.stderr}")
             tail = [x for x in (run / "log.txt").read_text().splitlines() if "PASS" in x or "prepared" in x]
