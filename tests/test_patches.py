@@ -79,3 +79,19 @@ def test_the_data_juicer_and_loguru_patches_apply_to_the_installed_versions():
     out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr[-2000:]
+
+
+def test_an_install_that_imports_a_patched_module_applies_that_patch_too(monkeypatch):
+    """Checking a runner patch imports Data-Juicer, whose config module the hook patches meanwhile."""
+    import threading
+
+    monkeypatch.setattr(patches, "_INVENTORY", {})
+    outer = patches.declare("py-data-juicer", "dj.outer", ">=1.6,<1.7", "p", "w")
+    inner = patches.declare("py-data-juicer", "dj.inner", ">=1.6,<1.7", "p", "w")
+    results: list[bool] = []
+    install = lambda: patches.apply(inner, "1.6.1", lambda: True)  # noqa: E731
+    thread = threading.Thread(target=lambda: results.append(patches.apply(outer, "1.6.1", install)), daemon=True)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive(), "apply() waits on itself"
+    assert results == [True] and patches.get(inner).applied

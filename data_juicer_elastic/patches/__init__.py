@@ -41,7 +41,7 @@ class Patch:
 
 
 _INVENTORY: dict[str, Patch] = {}
-_lock = threading.Lock()
+_lock = threading.RLock()  # an install may import a module whose own patches apply meanwhile
 
 
 def declare(host: str, target: str, versions: str, purpose: str, without: str, *, strict: bool = False) -> str:
