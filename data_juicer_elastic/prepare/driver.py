@@ -25,7 +25,7 @@ import shutil
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ import yaml
 
 from data_juicer_elastic.errors import UserError
 from data_juicer_elastic.job.layout import DJ_WORK, JobDir, shard_id
-from data_juicer_elastic.job.manifest import InputFile, Manifest, Policy, ShardSource, ShardSpec
+from data_juicer_elastic.job.manifest import InputFile, Manifest, ShardSource, ShardSpec
 from data_juicer_elastic.jsonl import RowRules
 from data_juicer_elastic.prepare.existing import confirm_existing
 from data_juicer_elastic.prepare.generation import ensure_generation
@@ -48,6 +48,7 @@ from data_juicer_elastic.prepare.inputs import (
     materialise,
 )
 from data_juicer_elastic.prepare.pool import Counter, make_pool
+from data_juicer_elastic.prepare.request import PrepareRequest
 from data_juicer_elastic.prepare.schema import Conflict, describe, first_conflict, kinds_at, merge, resolve
 from data_juicer_elastic.prepare.shards import (
     SYNC_EACH_FROM,
@@ -67,17 +68,6 @@ from data_juicer_elastic.storage.files import atomic_write, disk_full_in, dumps_
 
 INLINE_BELOW = 32 << 20  # smaller inputs are not worth starting worker processes for
 MAX_JOBS = 8
-
-
-@dataclass(frozen=True)
-class PrepareRequest:
-    dataset_path: str  # a JSONL file or a directory
-    job_dir: str
-    recipe_text: bytes  # saved verbatim as recipe.yaml; must be a YAML mapping
-    policy: Policy
-    media_keys: tuple[str, ...] = ("images", "audios", "videos")
-    index_keys: tuple[str, ...] = ()
-    versions: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
