@@ -92,7 +92,15 @@ class Manifest:
     digest: str = ""  # manifest_digest() of the rest, set by seal()
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """As ``dataclasses.asdict`` gives it (the same JSON), built directly: asdict deep-copies every
+        field, about 0.3 ms a shard, which made a manifest of 100,000 shards take tens of seconds."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["files"] = [dict(vars(f)) for f in self.files]
+        d["versions"] = dict(self.versions)
+        d["policy"] = dict(vars(self.policy))
+        d["media_keys"], d["index_keys"] = list(self.media_keys), list(self.index_keys)
+        d["shards"] = [{**vars(s), "sources": [dict(vars(src)) for src in s.sources]} for s in self.shards]
+        return d
 
     def seal(self) -> Manifest:
         """This manifest with its digest filled in (what prepare publishes)."""

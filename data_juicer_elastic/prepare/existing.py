@@ -12,16 +12,14 @@ import dataclasses
 import os
 import re
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from data_juicer_elastic.errors import UserError
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.manifest import Manifest
 from data_juicer_elastic.prepare.generation import ensure_generation, same_content
 from data_juicer_elastic.prepare.inputs import Dataset, InputSpec, discover
-
-if TYPE_CHECKING:
-    from data_juicer_elastic.prepare.driver import PrepareRequest
+from data_juicer_elastic.prepare.request import PrepareRequest
 
 
 def confirm_existing(job: JobDir, req: PrepareRequest, recipe_sha: str, log: Callable[[str], Any]) -> Manifest:

@@ -27,6 +27,7 @@ from typing import Any
 
 _NAMES = {type(None): "null", bool: "bool", int: "int", float: "float", str: "string", list: "list", dict: "object"}
 _NUMBER = ("int", "float")
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _NO_FIELDS: dict[str, Any] = {}  # stands for an absent object: adds no field
 
 
@@ -51,7 +52,14 @@ class _Slot:
 
     def add_values(self, values: list[Any]) -> None:
         self.types.update(dict.fromkeys(map(type, values)))
+        if int in self.types:
+            self.check_ints(_of_type(values, int))
         self.add_nested(values)
+
+    def check_ints(self, ints: list[int]) -> None:
+        """Integers beyond 64 bits (orjson keeps up to 2**64 - 1 as int) make Arrow read a float column."""
+        if ints and (min(ints) < _INT64_MIN or max(ints) > _INT64_MAX):
+            self.types[float] = None
 
     def add_column(self, rows: list[dict[str, Any]], key: str) -> int:
         """Fold column ``key`` of a block of objects; how many of them hold it."""
@@ -61,6 +69,9 @@ class _Slot:
             types.discard(_Absent)
             held -= sum(map(is_, map(dict.get, rows, repeat(key), repeat(_ABSENT)), repeat(_ABSENT)))
         self.types.update(dict.fromkeys(types))
+        if int in types:
+            values = map(dict.get, rows, repeat(key), repeat(0))
+            self.check_ints(list(values) if types == {int} else _of_type(list(values), int))
         if types == {dict}:  # objects only (an absent one reads as empty): no filtering pass
             self.add_objects(list(map(dict.get, rows, repeat(key), repeat(_NO_FIELDS))))
         elif dict in types or list in types:
@@ -133,6 +144,8 @@ class Fields:
         nested: dict[str, None] = {}
         for key, kind in pairs:
             slots[key].types[kind] = None
+            if kind is int:
+                slots[key].check_ints(_of_type(list(map(dict.get, rows, repeat(key))), int))
             if kind is dict or kind is list:
                 nested[key] = None
         for key in nested:

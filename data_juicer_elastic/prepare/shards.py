@@ -15,9 +15,11 @@ parent turns that into ``file:line``.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +29,7 @@ from data_juicer_elastic.prepare.schema import Fields
 from data_juicer_elastic.storage.bulk_write import BulkWriter
 
 BLOCK = 1 << 20
+SYNC_EACH_FROM = 8 << 20  # shards this big are fsynced by their task; smaller ones together at the end
 
 # Told how many input bytes were read, once per block (progress bar). It may raise to stop the task:
 # that is how a task running in the preparing process is cancelled (prep_pool).
@@ -196,6 +199,45 @@ def _chunks(path: str, start: int, end: int) -> Iterator[tuple[list[bytes], list
     if carry:
         line = b"".join(carry)
         yield [line + b"\n"], [line, b"\n"]
+
+
+def sync_files(paths: list[str]) -> None:
+    """Make small written shards durable together: one ``syncfs`` of their filesystem (Linux), else
+    an fsync each from 16 threads (concurrent fsyncs share journal commits).
+
+    One fsync per small shard, in order, cost a journal commit each: 5 ms a shard on a quiet
+    disk, which made prepare's time per shard grow with the shard count (B13).
+    """
+    if not paths:
+        return
+    fd = os.open(os.path.dirname(paths[0]) or ".", os.O_RDONLY)
+    try:
+        if _syncfs(fd):
+            return
+    finally:
+        os.close(fd)
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(_fsync_path, paths))
+
+
+def _syncfs(fd: int) -> bool:
+    """True once the filesystem holding ``fd`` is synced; False where there is no syncfs."""
+    try:
+        syncfs = ctypes.CDLL(None, use_errno=True).syncfs
+    except (AttributeError, OSError):
+        return False
+    if syncfs(fd) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"syncfs: {os.strerror(err)}")
+    return True
+
+
+def _fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def range_lines(path: str, start: int, end: int) -> Iterator[bytes]:

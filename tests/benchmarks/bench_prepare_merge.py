@@ -9,6 +9,7 @@ B2  prepare's data-proportional time, prepare(big) - prepare(tiny), against read
     (hashlib) of the big file; ratio = baseline_s / prepare_data_s, target >= 0.5.
 B3  merge's data-proportional time, merge(big job) - merge(tiny job), against read + sha256 +
     write (+ fsync, as merge does) of the same bytes; ratio likewise, target >= 0.5.
+B13 prepare's time per shard at 100,000 one-row shards against 1,000 (--b13-shards), target <= 1.5.
 B4  peak RSS of prepare and of merge, each in a fresh child process, at 10x the input vs 1x:
     the child's own VmHWM plus the sum of its prep_pool workers' VmHWM (polled every 20 ms from
     /proc while it runs). ru_maxrss is not used: after fork+exec it starts from the spawning
@@ -142,6 +143,37 @@ def do_merge(job_dir: Path, out: Path) -> None:
     merge(JobDir(job_dir), str(out), log=lambda m: None)
 
 
+def b13(work: Path, counts: list[int], rounds: int, jobs: int | None) -> tuple[str, str, str, float, str, bool]:
+    """Prepare's time per shard at many shards vs few: one ~60-byte row per shard, so per-shard costs dominate."""
+    small, large = counts
+    src = work / f"rows-{large}.jsonl"
+    if not src.exists():
+        src.write_bytes(b"".join(orjson.dumps({"text": f"row {i}", "id": i}) + b"\n" for i in range(large)))
+    inputs = {small: work / f"rows-{small}.jsonl", large: src}
+    head(src, inputs[small], rows=small)
+    per: dict[int, list[float]] = {small: [], large: []}
+    for rnd in range(rounds):
+        for n in (small, large) if rnd % 2 == 0 else (large, small):
+            job = work / f"job-b13-{n}"
+            fresh(job)
+            per[n].append(timed(lambda n=n, job=job: do_prepare(inputs[n], job, n, jobs)) / n)
+            fresh(job)
+        print(
+            f"round {rnd}: prepare {small:,} shards {per[small][-1] * 1e3:.2f} ms/shard, {large:,} shards "
+            f"{per[large][-1] * 1e3:.2f} ms/shard; ratio {per[large][-1] / per[small][-1]:.2f}",
+            flush=True,
+        )
+    ratio = med(per[large]) / med(per[small])
+    return (
+        "B13",
+        f"prepare time per shard, {large:,} vs {small:,} one-row shards",
+        f"{med(per[large]) * 1e3:.2f} vs {med(per[small]) * 1e3:.2f} ms/shard",
+        ratio,
+        "<= 1.5",
+        ratio <= 1.5,
+    )
+
+
 CHILD = """
 import json, os, sys, threading
 sys.path.insert(0, {root!r})
@@ -199,7 +231,10 @@ def main() -> None:
     ap.add_argument("--rounds", "--reps", type=int, default=3)
     ap.add_argument("--jobs", type=int, default=None, help="prepare worker processes (default: prepare's own choice)")
     ap.add_argument("--media", action="store_true", help="every 7th row has a relative image path to rewrite")
-    ap.add_argument("--skip", nargs="*", default=[], choices=["B2", "B3", "B4"])
+    ap.add_argument("--skip", nargs="*", default=[], choices=["B2", "B3", "B4", "B13"])
+    ap.add_argument(
+        "--b13-shards", type=int, nargs=2, default=[1_000, 100_000], metavar=("SMALL", "LARGE"), help="B13 shard counts"
+    )
     ap.add_argument("--dir", default="/tmp/dje-bench")
     a = ap.parse_args()
     started = time.perf_counter()
@@ -339,6 +374,9 @@ def main() -> None:
                     ratio <= 1.2,
                 )
             )
+
+    if "B13" not in a.skip:
+        table.append(b13(work, a.b13_shards, a.rounds, a.jobs))
 
     print(f"\n{a.rounds} rounds, {time.perf_counter() - started:.0f} s\n")
     print("| id | measures | median figures | ratio | target |")
