@@ -124,7 +124,7 @@ def build_job(root: Path, n: int, running: int = 8, seed: int = 0) -> JobDir:
             os.utime(lease, (stamp, stamp))
             if outcome == "done":
                 done = DoneRecord(
-                    spec.id, k, h, 1, len(row), sha, expected_output(job, spec.id, k), 1000, a_start, a_end
+                    spec.id, k, h, 1, len(row), sha, expected_output(job, spec.id, k), rec.pid, a_start, a_end
                 )
                 (job.done_dir / f"{spec.id}.json").write_bytes(dumps_json(done.to_dict()))
     marker.touch()
