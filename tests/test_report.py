@@ -6,6 +6,8 @@ the browser test skips, unless ``CI`` is set: there it fails.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import os
 import re
 import shutil
@@ -212,3 +214,67 @@ def test_status_watch_follows_a_job_until_it_ends(tmp_path):
     assert "0/4 shards done" in lines[0] and "4/4 shards done" in lines[-1], out
     assert any("1 running" in line and "1 host(s) active" in line for line in lines), out
     assert len(lines) == len(set(line.split(" ", 1)[1] for line in lines)), "a line per change, not per poll"
+
+
+# records written directly: a backup race, a prefetching worker, a job too big for one bar per attempt -----------
+def _attempt(job: JobDir, sid: str, n: int, host: str, pid: int, start: float, end: float, outcome: str) -> None:
+    from data_juicer_elastic.job.records.attempt import AttemptRecord, write_attempt
+
+    adir = job.attempt_dir(sid, n)
+    adir.mkdir(parents=True, exist_ok=True)
+    record = AttemptRecord(sid, n, host, pid, "t", start, start, None, False, backup=n > 1)
+    record.outcome, record.finished_at = outcome, end
+    write_attempt(adir, record)
+    (job.claims_dir / f"{sid}@{n:04d}").write_bytes(b"{}")
+
+
+def test_a_lost_backup_race_and_queued_time_are_shown_as_such(tmp_path):
+    from data_juicer_elastic.job.records.done import DoneRecord, publish_done
+    from data_juicer_elastic.report.collect import collect
+    from data_juicer_elastic.report.page import render
+
+    job = make_job(tmp_path, rows=30, shards=3)
+    a, b, c = (s.id for s in job.manifest().shards)
+    t = time.time() - 100
+    _attempt(job, a, 1, "node-a", 11, t, t + 50, "lost-race")  # the original: its backup published first
+    _attempt(job, a, 2, "node-b", 22, t + 20, t + 40, "done")
+    _attempt(job, b, 1, "node-b", 22, t + 40, t + 60, "done")  # node-b pid 22 prefetched c while b ran
+    _attempt(job, c, 1, "node-b", 22, t + 45, t + 70, "done")
+    for sid, n, start, end in ((a, 2, t + 20, t + 40), (b, 1, t + 40, t + 60), (c, 1, t + 45, t + 70)):
+        out = job.attempt_output(sid, n)
+        out.write_bytes(b'{"x": 1}\n')
+        rec = DoneRecord(sid, n, "node-b", 1, 9, hashlib.sha256(b'{"x": 1}\n').hexdigest(), job.relative(out))
+        publish_done(job, dataclasses.replace(rec, pid=22, started_at=start, finished_at=end))
+    report = collect(job.root)
+    got = {(x.shard, x.attempt): (x.outcome, round(x.queued, 3)) for x in report.attempts}
+    assert got == {(a, 1): ("lost-race", 0), (a, 2): ("done", 0), (b, 1): ("done", 0), (c, 1): ("done", 15.0)}
+    html = render(report)
+    parser = Bars()
+    parser.feed(html)
+    assert parser.bars[a, 1] == "lost-race" and "running" not in parser.bars.values()
+    assert html.count('class="queued"') == 1 and f'data-shard="{c}"' in html.split('class="queued"')[1][:60]
+    assert "15.0s of it queued" in html
+
+
+def test_report_of_a_job_with_more_attempts_than_pixels_in_chromium(tmp_path):
+    """2,500 shards: the timeline becomes time buckets per lane; the page stays small and loads clean."""
+    chromium()
+    sys.path.insert(0, str(REPO / "tests" / "benchmarks"))
+    from bench_views import build_job
+
+    job = build_job(tmp_path / "big", 2500, running=3)
+    page = write_report(job.root, tmp_path / "big.html")
+    html = page.read_text()
+    assert 'class="bar ' not in html and html.count('class="bucket"') > 100
+    assert len(html) < 1_500_000, len(html)
+    # past 1,000 shards the shard table lists those not done by one attempt (retried, running), then a count
+    listed = re.search(r"<td>([\d,]+) more shards</td><td>not listed</td>", html)
+    assert listed and 2400 < int(listed.group(1).replace(",", "")) < 2500, listed
+    dom, console = browse(page, tmp_path, "--dump-dom")
+    assert console == [], console
+    lanes = set(re.findall(r'class="bucket" data-lane="([^"]+)"', dom))
+    assert len(lanes) == 16, lanes  # one lane per worker of the 16 hosts
+    assert 'class="mark outcome-failed"' in dom and 'class="mark outcome-running"' in dom
+    shot = Path(os.environ.get("DJE_REPORT_SCREENSHOT_BIG") or tmp_path / "big.png")
+    browse(page, tmp_path, f"--screenshot={shot}", "--window-size=1280,1200")
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -121,10 +121,11 @@ def collect(job_dir: str | os.PathLike, now: float | None = None) -> JobReport:
     done = _done_records(job, shard_ids, notes)
     latest = _latest_attempts(job) if manifest else {}
     attempts: list[Attempt] = []
+    folders = (f"{job.attempts_dir}{os.sep}", f"{job.relative(job.attempts_dir)}/")  # built once: paths cost
     for sid in shard_ids:
         rec = done.get(sid)
         if rec is not None and rec.attempt == 1 == latest.get(sid) and rec.started_at and rec.finished_at:
-            attempts.append(_from_done(job, rec))
+            attempts.append(_from_done(rec, *folders))
         else:
             attempts.extend(shard_attempts(job, sid, now, notes, rec))
     mark_queued(attempts)
@@ -175,10 +176,10 @@ def _record_ids(folder: Path) -> set[str]:
     return {n[:-5] for n in _listdir(folder) if n.endswith(".json")}
 
 
-def _from_done(job: JobDir, rec: DoneRecord) -> Attempt:
+def _from_done(rec: DoneRecord, attempts_dir: str, relative: str) -> Attempt:
     """A shard's one attempt, from its done record (the same host, pid and times as its attempt.json)."""
-    adir = f"{job.attempts_dir}{os.sep}{rec.shard}{os.sep}{attempt_name(rec.attempt)}"
-    ops = read_record(f"{adir}{os.sep}{OPS_NAME}")
+    name = attempt_name(rec.attempt)
+    ops = read_record(f"{attempts_dir}{rec.shard}{os.sep}{name}{os.sep}{OPS_NAME}")
     return Attempt(
         shard=rec.shard,
         attempt=rec.attempt,
@@ -190,7 +191,7 @@ def _from_done(job: JobDir, rec: DoneRecord) -> Attempt:
         rows_in=_int(ops.get("rows_in")),
         rows_out=rec.rows,
         error_rows=_int(ops.get("error_rows")) or 0,
-        log=f"{job.relative(job.attempts_dir)}/{rec.shard}/{attempt_name(rec.attempt)}/process.log",
+        log=f"{relative}{rec.shard}/{name}/process.log",
         ops=_ops_of(ops),
     )
 

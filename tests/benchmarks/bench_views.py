@@ -124,7 +124,7 @@ def build_job(root: Path, n: int, running: int = 8, seed: int = 0) -> JobDir:
             os.utime(lease, (stamp, stamp))
             if outcome == "done":
                 done = DoneRecord(
-                    spec.id, k, h, 1, len(row), sha, expected_output(job, spec.id, k), 1000, a_start, a_end
+                    spec.id, k, h, 1, len(row), sha, expected_output(job, spec.id, k), rec.pid, a_start, a_end
                 )
                 (job.done_dir / f"{spec.id}.json").write_bytes(dumps_json(done.to_dict()))
     marker.touch()
@@ -153,6 +153,28 @@ def opens(cmd: list[str]) -> int | None:
         int(m.group(1)) for m in re.finditer(r"^\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)(?:\s+\d+)?\s+open", out.stderr, re.M)
     ]
     return sum(calls) if calls else None
+
+
+def chromium_load(page: Path) -> float | None:
+    """Seconds for headless Chromium to open ``page`` and dump its DOM (None without Chromium)."""
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not exe:
+        return None
+    profile = page.parent / f"profile-{os.getpid()}"
+    cmd = [
+        exe,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        f"--user-data-dir={profile}",
+        "--dump-dom",
+        page.as_uri(),
+    ]
+    t = time.perf_counter()
+    subprocess.run(cmd, capture_output=True, timeout=300)
+    seconds = time.perf_counter() - t
+    shutil.rmtree(profile, ignore_errors=True)
+    return seconds
 
 
 def main() -> int:
@@ -194,6 +216,9 @@ def main() -> int:
             )
             mb = out.stat().st_size / 1e6
             print(f"report  {n:>7,} shards: {seconds:6.2f} s to write, {mb:.2f} MB  ({out})")
+            browser = chromium_load(out)
+            if browser is not None:
+                print(f"report  {n:>7,} shards: {browser:6.2f} s for headless Chromium to load it and dump the DOM")
             if mb > a.report_mb:
                 misses.append(f"report of {n:,} shards is {mb:.1f} MB > {a.report_mb} MB")
     for m in misses:
