@@ -182,7 +182,8 @@ def test_stop_signal_during_ray_startup_exits_128_plus_n(tmp_path, sig):
             os.killpg(proc.pid, signal.SIGKILL)
     claims = found(job, "claims/*")
     assert not claims or released(job), "a lease taken meanwhile must be released"
-    finish(recipe, tmp_path)
+    if sig == signal.SIGTERM:  # one new run proves the stopped one left the job resumable (the same for each)
+        finish(recipe, tmp_path)
 
 
 def test_sigint_inside_prepare_leaves_no_half_job_and_exits_130(tmp_path):
