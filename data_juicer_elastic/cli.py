@@ -6,7 +6,18 @@ come from jsonargparse and exit 2 as well.
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+
+if __name__ == "__main__" or os.path.basename(sys.argv[0]) == "dj-elastic":
+    # Stopped while still importing, before a command's own handling is in place: exit 128+N all the same.
+    def _stopped_while_starting(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    for _sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(_sig, _stopped_while_starting)
+
 from collections.abc import Callable
 
 import orjson

@@ -150,8 +150,9 @@ def start_node(cmd: list[str], host: str, log: Path, *, cwd: Path, gate: Path | 
 class Nodes:
     """One job: the input, the user's recipe file, and the dj-process nodes started on it."""
 
-    def __init__(self, tmp: Path, *, rows: int = 600, shards: int = 6, **elastic: object) -> None:
+    def __init__(self, tmp: Path, *, rows: int = 400, shards: int = 4, **elastic: object) -> None:
         self.tmp = tmp
+        self.shards = shards
         self.dataset = tmp / "data" / "corpus.jsonl"
         write_jsonl(self.dataset, corpus_rows(rows))
         ops = tmp / "ops" / "dje_test_gate_ops.py"

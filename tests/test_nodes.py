@@ -63,14 +63,18 @@ def test_nodes_killed_at_ray_start_up_and_mid_shard_lose_nothing(tmp_path, refer
         # shard, is idle: it takes A's shard over as soon as the lease lets it, which the bound below checks
         wait_for(lambda: (a.gate / "entered").exists(), "node-a to enter the gate inside a shard", timeout=600)
         [(shard, attempt)] = nodes.leases_of("node-a")
-        wait_for(lambda: len(nodes.done_records()) == 5, "node-b to finish every shard but node-a's", timeout=600)
+        wait_for(
+            lambda: len(nodes.done_records()) == nodes.shards - 1,
+            "node-b to finish every shard but node-a's",
+            timeout=600,
+        )
         a.signal(signal.SIGKILL)
         assert a.wait() == -signal.SIGKILL and c.wait() == -signal.SIGKILL
         last_beat = nodes.job.claims_dir.joinpath(f"{shard}@{attempt:04d}").stat().st_mtime
         assert b.wait(900) == 0, nodes.logs()
     finally:
         nodes.stop_all()
-    assert b.result().startswith("6 shards completed by 1 host(s): node-b=6"), b.result()
+    assert b.result().startswith(f"{nodes.shards} shards completed by 1 host(s): node-b={nodes.shards}"), b.result()
     assert nodes.attempt_record(shard, attempt)["outcome"] == "running"  # killed: it never finished
     assert nodes.done_records()[shard]["attempt"] == attempt + 1
     delay = takeover_delay(nodes, shard, attempt, last_beat)
@@ -93,7 +97,11 @@ def test_stopped_nodes_resume_without_publishing_stale_work(tmp_path, reference)
         w.signal(signal.SIGSTOP)  # waiting, and stopped until the job is finalized
         wait_for(lambda: (a.gate / "entered").exists(), "node-a to enter the gate inside a shard", timeout=600)
         [(shard, attempt)] = nodes.leases_of("node-a")
-        wait_for(lambda: len(nodes.done_records()) == 5, "node-b to finish every shard but node-a's", timeout=600)
+        wait_for(
+            lambda: len(nodes.done_records()) == nodes.shards - 1,
+            "node-b to finish every shard but node-a's",
+            timeout=600,
+        )
         a.signal(signal.SIGSTOP)  # B is idle now: it takes the shard over as soon as the lease lets it
         last_beat = nodes.job.claims_dir.joinpath(f"{shard}@{attempt:04d}").stat().st_mtime
         wait_for(lambda: shard in nodes.done_records(), f"node-b to take over and finish {shard}", timeout=600)
@@ -107,7 +115,7 @@ def test_stopped_nodes_resume_without_publishing_stale_work(tmp_path, reference)
     assert codes == [0, 0, 0], nodes.logs()
     finals = {n.result() for n in (a, b, w)}
     assert len(finals) == 1, finals
-    assert finals.pop().startswith("6 shards completed by"), nodes.logs()
+    assert finals.pop().startswith(f"{nodes.shards} shards completed by"), nodes.logs()
     assert nodes.attempt_record(shard, attempt)["outcome"] == "superseded"
     assert nodes.done_records()[shard]["attempt"] == attempt + 1
     assert nodes.done_records()[shard]["host"] == "node-b"

@@ -118,7 +118,7 @@ def run_nodes(tmp: Path) -> tuple[JobDir, list[str], list[subprocess.Popen]]:
     return job, fail_once, [node(h, **env) for h in ("node-a", "node-b")]
 
 
-@pytest.mark.slow  # three nodes, a lease waited out, two Chromium starts
+@pytest.mark.slow  # three nodes and a lease waited out
 def test_report_of_a_real_job_in_chromium(tmp_path):
     chromium()
     job, fail_once, nodes = run_nodes(tmp_path)
@@ -139,7 +139,9 @@ def test_report_of_a_real_job_in_chromium(tmp_path):
         "the page must be self-contained"
     )
 
-    dom, console = browse(page, tmp_path, "--dump-dom")
+    shot = Path(os.environ.get("DJE_REPORT_SCREENSHOT") or tmp_path / "report.png")
+    # one Chromium start: the DOM as laid out, the console, and the screenshot
+    dom, console = browse(page, tmp_path, "--dump-dom", f"--screenshot={shot}", "--window-size=1280,1500")
     assert console == [], f"the page raised console messages: {console}"
     parser = Bars()
     parser.feed(dom)
@@ -151,8 +153,6 @@ def test_report_of_a_real_job_in_chromium(tmp_path):
         assert f"injected first-attempt failure for {shard}" in dom
     assert "every_other_row_filter" in dom  # the op table, from each shard's ops.json
 
-    shot = Path(os.environ.get("DJE_REPORT_SCREENSHOT") or tmp_path / "report.png")
-    browse(page, tmp_path, f"--screenshot={shot}", "--window-size=1280,1500")
     png = shot.read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000, "no real screenshot was taken"
 

@@ -38,7 +38,7 @@ def rows(start: int, count: int) -> list[dict]:
     return out
 
 
-def make_job(root: Path, recipe: dict, shards: dict[str, list[dict]]) -> Path:
+def runner_dir(root: Path, recipe: dict, shards: dict[str, list[dict]]) -> Path:
     """A job directory as the runner sees it: recipe.yaml and shard files (no manifest needed)."""
     (root / "shards").mkdir(parents=True)
     (root / "recipe.yaml").write_text(yaml.safe_dump(recipe))
@@ -84,7 +84,7 @@ BASE_RECIPE = {
 
 @pytest.mark.slow
 def test_shards_keep_row_order_and_write_only_inside_the_attempt(runner, tmp_path, monkeypatch):
-    job = make_job(tmp_path / "job", BASE_RECIPE, {"part-a": rows(0, 300), "part-b": rows(300, 150)})
+    job = runner_dir(tmp_path / "job", BASE_RECIPE, {"part-a": rows(0, 300), "part-b": rows(300, 150)})
     from ray.data import DataContext
 
     # tiny blocks, so each shard is written as several part files the join must order
@@ -128,7 +128,7 @@ def test_actor_mode_ops_count_their_rows_warm_and_cold(runner, tmp_path, monkeyp
     }
     source = rows(0, 120)
     kept = sum(len(r["text"].strip()) >= 12 for r in source)
-    job = make_job(tmp_path / "job", recipe, {"part-a": source})
+    job = runner_dir(tmp_path / "job", recipe, {"part-a": source})
     shard_path, output = attempt(job, "part-a", 1)
     warm = None
     try:
@@ -154,13 +154,13 @@ def test_failing_op_fails_the_attempt_not_the_worker(runner, tmp_path):
         "strict_preflight": False,  # fails inside a Ray task
         "process": [{"text_length_filter": {"min_len": 1, "text_key": "no_such_column"}}],
     }
-    job = make_job(tmp_path / "bad", bad, {"part-a": rows(0, 20)})
+    job = runner_dir(tmp_path / "bad", bad, {"part-a": rows(0, 20)})
     with pytest.raises(Exception) as exc:
         runner(*attempt(job, "part-a"), str(job))
     assert "no_such_column" in str(exc.value)
     assert "no_such_column" in (job / "attempts/part-a/0001/process.log").read_text()
     # the same runner (same Ray) goes on with the next job and an empty result
-    good = make_job(
+    good = runner_dir(
         tmp_path / "good",
         {**BASE_RECIPE, "process": [{"text_length_filter": {"min_len": 10_000}}]},
         {"part-a": rows(0, 20)},
@@ -173,7 +173,7 @@ def test_failing_op_fails_the_attempt_not_the_worker(runner, tmp_path):
 @pytest.mark.slow
 def test_per_shard_overhead_is_reported(runner, tmp_path):
     """Not a benchmark: records what a warm runner spends on tiny shards (printed with -s)."""
-    job = make_job(tmp_path / "job", BASE_RECIPE, {f"p{i}": rows(i * 10, 10) for i in range(4)})
+    job = runner_dir(tmp_path / "job", BASE_RECIPE, {f"p{i}": rows(i * 10, 10) for i in range(4)})
     before = len(runner.timings)
     for i in range(4):
         runner(*attempt(job, f"p{i}"), str(job))
@@ -197,7 +197,7 @@ def test_changed_recipe_snapshot_is_refused(tmp_path):
 
 
 def test_custom_operators_inside_the_job_dir_are_refused(tmp_path):
-    job = make_job(tmp_path / "job", {**BASE_RECIPE, "custom_operator_paths": [str(tmp_path / "job" / "ops.py")]}, {})
+    job = runner_dir(tmp_path / "job", {**BASE_RECIPE, "custom_operator_paths": [str(tmp_path / "job" / "ops.py")]}, {})
     with pytest.raises(UserError, match="inside the job directory"):
         RayShardRunner().prepare_job(str(job))
 

@@ -1,8 +1,9 @@
 """Stop signals reach a real ``dj-process`` (real Ray) at chosen moments: exit 128+N, nothing held.
 
 DESIGN.md invariant 9. Each moment is found through the files the process
-writes (the prepare ballot, this host's claim-loop ballot, a marker the
-slow op writes from its Ray worker), never by sleeping. Ray's ``ray.init``
+writes (a mark its prepare leaves while it holds with every shard staged, this
+host's claim-loop ballot, a marker the slow op writes from its Ray worker),
+never by sleeping. Ray's ``ray.init``
 installs its own SIGTERM handlers (Python and native) and Data-Juicer calls
 ``ray.init`` again for every shard, so these runs are the only proof.
 """
@@ -46,6 +47,19 @@ class DjeTestSlowMapper(Mapper):
             Path(marker).touch()
         time.sleep(float(os.environ.get("DJE_TEST_SLOW", "0")))
         return sample
+
+
+if os.environ.get("DJE_TEST_IN_PREPARE"):
+    # The test's harness, loaded with the recipe's custom operators in the dj-process that prepares: its
+    # prepare holds with every shard staged and nothing published, after leaving the named file.
+    from data_juicer_elastic.prepare import staging
+
+    def held_publish(self):
+        Path(os.environ["DJE_TEST_IN_PREPARE"]).touch()
+        while True:
+            time.sleep(0.05)
+
+    staging.Staging.publish = held_publish
 '''
 
 
@@ -168,28 +182,21 @@ def test_stop_signal_during_ray_startup_exits_128_plus_n(tmp_path, sig):
             os.killpg(proc.pid, signal.SIGKILL)
     claims = found(job, "claims/*")
     assert not claims or released(job), "a lease taken meanwhile must be released"
-    finish(recipe, tmp_path)
+    if sig == signal.SIGTERM:  # one new run proves the stopped one left the job resumable (the same for each)
+        finish(recipe, tmp_path)
 
 
-def test_sigint_during_prepare_leaves_no_half_job_and_exits_130(tmp_path):
+def test_sigint_inside_prepare_leaves_no_half_job_and_exits_130(tmp_path):
     recipe = slow_job(tmp_path)
-    log = tmp_path / "run.log"
-    proc = start(recipe, log, DJE_TEST_SLOW="30")
+    log, marker = tmp_path / "run.log", tmp_path / "in-prepare"
+    proc = start(recipe, log, DJE_TEST_SLOW="30", DJE_TEST_IN_PREPARE=str(marker))
     try:
-        # prepare is fast on this input: the signal lands in prepare or just after; either way 130
-        ballot = str(tmp_path / "**" / "prepare.coordinator.json")
-        wait_for(
-            lambda: glob.glob(ballot, recursive=True, include_hidden=True),
-            "the prepare ballot",
-            proc=proc,
-            log=log,
-            timeout=300,
-        )
+        wait_for(marker.exists, "prepare to stage every shard", proc=proc, log=log, timeout=300)
         assert stop(proc, signal.SIGINT, log) == 128 + signal.SIGINT, log.read_text()[-4000:]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    job = tmp_path / "job"
-    if not (job / "manifest.json").exists():  # stopped inside prepare: only the runs' own state, no half job
-        assert set(os.listdir(job)) <= {"runs", "dj-work"}, os.listdir(job)
+    # no manifest, no shards, no staging folder: only the runs' own state and Data-Juicer's work dir
+    assert set(os.listdir(tmp_path / "job")) <= {"runs", "dj-work"}, os.listdir(tmp_path / "job")
+    assert "FAIL: " in log.read_text() and "Traceback" not in log.read_text(), log.read_text()[-4000:]
     finish(recipe, tmp_path)

@@ -25,9 +25,7 @@ import pytest
 import yaml
 
 from data_juicer_elastic.job.layout import JobDir
-from data_juicer_elastic.job.manifest import Policy
-from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
-from tests.jobs import REPO, attempt_outcomes, env_with
+from tests.jobs import REPO, attempt_outcomes, env_with, make_job
 
 OPS = REPO / "tests" / "ops"
 SHARDS = 8
@@ -35,18 +33,19 @@ ROWS = 400
 pytestmark = pytest.mark.slow
 
 
-def make_job(tmp: Path, op: dict, ops_file: str, ray_address: str = "local") -> JobDir:
-    corpus = tmp / "input.jsonl"
-    with open(corpus, "w") as f:
-        for i in range(ROWS):
-            f.write(json.dumps({"id": i, "text": "word " * (i % 13) + str(i)}) + "\n")
+def warm_job(tmp: Path, op: dict, ops_file: str, ray_address: str = "local") -> JobDir:
+    """A prepared job (tests/jobs.py) whose recipe runs ``op`` from ``tests/ops/<ops_file>``."""
     recipe = {"project_name": "warm", "custom_operator_paths": [str(OPS / ops_file)], "process": [op]}
-    policy = Policy(
-        num_shards=SHARDS, lock_timeout_secs=120, heartbeat_secs=2, poll_interval_secs=0.5, ray_address=ray_address
+    return make_job(
+        tmp,
+        rows=ROWS,
+        shards=SHARDS,
+        recipe=yaml.safe_dump(recipe).encode(),
+        lock_timeout_secs=120,
+        heartbeat_secs=2,
+        poll_interval_secs=0.5,
+        ray_address=ray_address,
     )
-    req = PrepareRequest(str(corpus), str(tmp / "job"), yaml.safe_dump(recipe).encode(), policy)
-    prepare(req, log=lambda *_: None)
-    return JobDir(tmp / "job")
 
 
 def run_worker(job: JobDir, *extra: str, timeout: float = 900, **env: str) -> subprocess.CompletedProcess:
@@ -92,7 +91,7 @@ def test_actor_mode_op_loads_once_per_actor_across_shards(tmp_path):
             "batch_size": 10,
         }
     }
-    job = make_job(tmp_path, op, "slow_model_ops.py")
+    job = warm_job(tmp_path, op, "slow_model_ops.py")
     run_worker(job, "--prefetch-shards", "1")
     assert len(job.done_ids()) == SHARDS
     got = loads(record)
@@ -117,7 +116,7 @@ def test_an_actor_dying_mid_shard_fails_that_attempt_and_is_replaced(tmp_path):
             "num_proc": 1,
         }
     }
-    job = make_job(tmp_path, op, "slow_model_ops.py")
+    job = warm_job(tmp_path, op, "slow_model_ops.py")
     flag.touch()
     run_worker(job, "--prefetch-shards", "1")
     assert not flag.exists()
@@ -184,7 +183,7 @@ def test_gpu_op_keeps_one_warm_actor_per_gpu_with_prefetch(tmp_path, gpu_ray):
     shard never waits on those GPUs."""
     record = tmp_path / "loads.txt"
     op = {"gpu_model_mapper": {"loads_file": str(record), "load_secs": 0.5, "num_gpus": 1}}
-    job = make_job(tmp_path, op, "gpu_model_ops.py", ray_address=gpu_ray)
+    job = warm_job(tmp_path, op, "gpu_model_ops.py", ray_address=gpu_ray)
     # The worker joins with the head's auth mode, whatever this process's environment holds.
     proc = run_worker(job, "--prefetch-shards", "1", RAY_AUTH_MODE="disabled")
     assert len(job.done_ids()) == SHARDS

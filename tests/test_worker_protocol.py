@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import orjson
 import pytest
@@ -18,9 +19,12 @@ from data_juicer_elastic.status import job_status
 from data_juicer_elastic.worker.loop import run_worker
 
 from .jobs import (
+    REPO,
     assert_taken_over_after_timeout,
     attempt_outcomes,
+    env_with,
     input_bytes,
+    kill_group,
     last_heartbeat,
     make_job,
     spawn_worker,
@@ -75,6 +79,21 @@ def test_sigterm_records_interrupted_and_releases_the_lease_at_once(tmp_path):
     result = run_worker(job.root, copy, log=lambda *_: None)
     assert result.exit_code == 0
     assert attempt_outcomes(job)["part-00000-of-00001"] == ["interrupted", "done"]
+
+
+def test_sigterm_while_the_worker_still_imports_exits_143(tmp_path):
+    """DESIGN invariant 9 from the process's first imports on: a scheduler may stop a node as it starts."""
+    job = make_job(tmp_path, rows=10, shards=1)
+    gate = tmp_path / "import-gate"
+    path = os.pathsep.join([str(REPO / "tests" / "chaos" / "slow_import"), env_with()["PYTHONPATH"]])
+    worker = spawn_worker(job, "copy", log=tmp_path / "w.log", PYTHONPATH=path, DJE_TEST_IMPORT_GATE=str(gate))
+    try:
+        wait_for(Path(f"{gate}.entered").exists, "the worker to import orjson", proc=worker, log=tmp_path / "w.log")
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=60) == 128 + signal.SIGTERM, (tmp_path / "w.log").read_text()
+    finally:
+        kill_group(worker)
+    assert not job.attempts_dir.exists() or not os.listdir(job.attempts_dir), "it claimed a shard"
 
 
 def test_retry_budget_terminal_failure_then_retry_keeps_history(tmp_path, capsys):
