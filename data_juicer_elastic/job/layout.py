@@ -14,6 +14,9 @@
         state/done/<shard>.json     first publication wins
         state/failed/<shard>.json   terminal failure after the retry budget
         state/retry/<shard>.json    attempts up to here no longer count (written by retry)
+        state/workers/<worker>.json one per worker process: the attempts it started, what it published
+        state/lanes/<k>             best-effort hint: the next unclaimed shard of lane k
+        state/progress.json         the job's state summed from the worker records (rebuilt by anyone)
         state/history/              what retry archived; nothing is ever deleted
         state/clock/                probe files for the server clock
         finalize/<key>/             the finalize election of one set of done records
@@ -108,6 +111,7 @@ class JobDir:
         self._generation = generation
         self._manifest = None
         self._raw: Manifest | None = None
+        self._gen_dir: Path | None = None  # checked once: a generation's folder is never removed
 
     # generations ----------------------------------------------------------
     @property
@@ -167,13 +171,19 @@ class JobDir:
 
     @property
     def gen_dir(self) -> Path:
+        if self._gen_dir is not None:
+            return self._gen_dir
         gen = self.generation
         if not gen:  # a schema-3 job dir; or none yet: a folder that never exists, so pollers see nothing
-            return self.root if self.legacy() else self.generations_dir / ".none-yet"
+            if self.legacy():
+                self._gen_dir = self.root
+                return self.root
+            return self.generations_dir / ".none-yet"
         if not GENERATION_RE.match(gen) or not (self.generations_dir / gen).is_dir():
             known = ", ".join(self.generation_ids()) or "none"
             raise UserError(f"{self.root}: no generation {gen!r} (generations: {known}); name one of these")
-        return self.generations_dir / gen
+        self._gen_dir = self.generations_dir / gen
+        return self._gen_dir
 
     @property
     def policy_path(self) -> Path:
@@ -241,7 +251,19 @@ class JobDir:
     def merge_record_path(self) -> Path:
         return self.gen_dir / "merge.json"
 
-    STATE_SUBDIRS = ("claims", "done", "failed", "retry", "history", "clock")
+    @property
+    def workers_dir(self) -> Path:
+        return self.state_dir / "workers"
+
+    @property
+    def lanes_dir(self) -> Path:
+        return self.state_dir / "lanes"
+
+    @property
+    def progress_path(self) -> Path:
+        return self.state_dir / "progress.json"
+
+    STATE_SUBDIRS = ("claims", "done", "failed", "retry", "history", "clock", "workers", "lanes")
 
     def done_path(self, sid: str) -> Path:
         return self.done_dir / f"{sid}.json"
