@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -149,6 +150,7 @@ class WorkerLedger:
         self.folder = folder
         self.record = WorkerRecord(worker=f"{_safe(host)}-{pid}-{token}", host=host, pid=pid)
         self._dirty = False
+        self._lock = threading.RLock()  # a prefetching worker claims, publishes and fails from several threads
 
     @property
     def worker(self) -> str:
@@ -156,12 +158,14 @@ class WorkerLedger:
 
     def hold(self, shard: str, attempt: int) -> None:
         """Name (shard, attempt) on disk before its lease is created."""
-        self.record.pairs.append((shard, attempt))
-        self.flush(force=True)
+        with self._lock:
+            self.record.pairs.append((shard, attempt))
+            self.flush(force=True)
 
     def drop(self, shard: str, attempt: int) -> None:
         """Forget an attempt that lost (superseded, beaten, or never created): it holds nothing."""
-        self._remove(shard, attempt)
+        with self._lock:
+            self._remove(shard, attempt)
 
     def published(
         self,
@@ -174,9 +178,14 @@ class WorkerLedger:
         start: float | None,
         end: float | None,
     ) -> None:
+        with self._lock:
+            if self._remove(shard, attempt):
+                self._count(input_rows, output_rows, error_rows, bytes_in, start, end)
+
+    def _count(
+        self, input_rows: int, output_rows: int, error_rows: int, bytes_in: int, start: float | None, end: float | None
+    ) -> None:
         r = self.record
-        if not self._remove(shard, attempt):
-            return
         r.published += 1
         r.input_rows += input_rows
         r.output_rows += output_rows
@@ -200,9 +209,10 @@ class WorkerLedger:
         return True
 
     def flush(self, force: bool = False) -> None:
-        if force or self._dirty:
-            write_worker(self.folder, self.record)
-            self._dirty = False
+        with self._lock:
+            if force or self._dirty:
+                write_worker(self.folder, self.record)
+                self._dirty = False
 
 
 def _safe(host: str) -> str:
