@@ -81,8 +81,15 @@ class ClaimChooser:
         # Seconds of claimed work this worker holds before a new claim could start (a prefetching worker's).
         self.backlog: Callable[[], float] = lambda: 0.0
         self.last: Snapshot | None = None  # the snapshot the last claim looked at, if any
+        self._claimed_at: float | None = None  # the shared clock at this worker's latest claim
 
     def claim_next(self) -> Scan:
+        scan = self._claim_next()
+        if scan[0] is not None:
+            self._claimed_at = scan[0].claimed_at
+        return scan
+
+    def _claim_next(self) -> Scan:
         failed = self.failures.check()
         if failed:
             return None, False, failed
@@ -93,7 +100,7 @@ class ClaimChooser:
                 return None, True, set()
             if snap.failed:
                 return None, False, set(snap.failed)
-        if snap is not None and self.pace.seconds is not None and snap.fresh_left + len(snap.claimable) <= TAIL_LIMIT:
+        if snap is not None and self._stale_for_pacing(snap):
             snap = self.last = self.snapshots.get(rebuild=True)  # a pacing decision: the workers busy now
         if not self.lanes.exhausted:
             left = snap.fresh_left + len(snap.claimable) if snap is not None else TAIL_LIMIT + 1
@@ -106,6 +113,13 @@ class ClaimChooser:
             if snap.complete:
                 return None, True, set()
         return self._from_the_sweep(snap)
+
+    def _stale_for_pacing(self, snap: Snapshot) -> bool:
+        """At the tail, a pacing decision counts on the workers busy now: sweep again if this worker claimed
+        since the snapshot was built (or never decided at the tail), so at most once per claim of its own."""
+        if self.pace.seconds is None or snap.fresh_left + len(snap.claimable) > TAIL_LIMIT:
+            return False
+        return self._claimed_at is None or snap.built_at < self._claimed_at
 
     def _from_the_sweep(self, snap: Snapshot) -> Scan:
         """Lanes exhausted: the shards the sweep found, each re-checked; then a backup of a late one."""

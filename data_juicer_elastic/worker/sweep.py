@@ -97,14 +97,19 @@ class Snapshot:
             return None
 
 
-def build(job: JobDir, store: ClaimStore, previous: Snapshot | None = None) -> Snapshot:
-    """Sum the worker records and probe what they name (see the module docstring)."""
+def build(job: JobDir, store: ClaimStore, previous: Snapshot | None = None, lean: bool = False) -> Snapshot:
+    """Sum the worker records and probe what they name (see the module docstring).
+
+    ``lean`` (a tail pacing decision, which needs the busy workers now) keeps the previous count of
+    fresh shards instead of reading every lane's hint.
+    """
     manifest = job.manifest()
     rows = {s.id: s.rows for s in manifest.shards}
     total = len(rows)
     now = store.now()
     records = load_workers(job.workers_dir)
-    snap = Snapshot(seq=0, built_at=now, total=total, done=0, fresh_left=fresh_left(job, total))
+    left = previous.fresh_left if lean and previous is not None else fresh_left(job, total)
+    snap = Snapshot(seq=0, built_at=now, total=total, done=0, fresh_left=left)
     snap.workers = len(records)
     counted = 0
     latest: dict[str, int] = {}  # shard -> the highest attempt any record names
@@ -268,13 +273,15 @@ class SnapshotCache:
             age = max(self.store.now() - snap.built_at, 0.0) if self._seen is None else 0.0  # first sight
             self._seen = (snap.seq, now - age)
         if snap is None or rebuild or now - self._seen[1] >= self.interval:  # nobody rebuilt it for an interval
-            snap = self._rebuild(snap, now) or (build(self.job, self.store, snap) if rebuild else snap)
+            snap = self._rebuild(snap, now, rebuild) or (
+                build(self.job, self.store, snap, rebuild) if rebuild else snap
+            )
         if snap is None:  # no file and another process is rebuilding it: sweep for ourselves
             snap = build(self.job, self.store)
         self.snap = snap
         return snap
 
-    def _rebuild(self, old: Snapshot | None, now: float) -> Snapshot | None:
+    def _rebuild(self, old: Snapshot | None, now: float, lean: bool = False) -> Snapshot | None:
         seq = (old.seq if old else 0) + 1
         waited = 0 if self._seen is None else int((now - self._seen[1]) // max(self.store.lock_timeout, 1.0))
         name = f"{seq}" if waited < 1 else f"{seq}.{waited}"  # a rebuilder that died leaves its lock behind
@@ -285,7 +292,7 @@ class SnapshotCache:
             won = create_exclusive(self.locks / name, b"")
         if not won:
             return None
-        snap = build(self.job, self.store, old)
+        snap = build(self.job, self.store, old, lean)
         snap.seq = seq
         replace_small(self.job.progress_path, snap.to_bytes())
         self._seen = (seq, time.monotonic())
