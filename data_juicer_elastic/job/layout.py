@@ -45,12 +45,14 @@ from pathlib import Path
 
 from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.job.manifest import LEGACY_SCHEMA, Manifest, Policy, ShardSpec, manifest_digest
+from data_juicer_elastic.job.records.workers import read_small, replace_small
 from data_juicer_elastic.storage.files import read_json
 
 SHARD_ID_RE = re.compile(r"^part-(\d{5})-of-(\d{5})$")
 GENERATION_RE = re.compile(r"^[0-9a-f]{16}$")
 GENERATIONS = "generations"
 DJ_WORK = "dj-work"  # Data-Juicer's work dir of the dj-process runs on this job
+SHARDS_CHECKED = ".shards-checked"  # the shards folder's mtime when a process last found no link out in it
 
 
 def generation_id(recipe_sha256: str) -> str:
@@ -362,14 +364,31 @@ class JobDir:
                 raise IntegrityError(f"{self.manifest_path}: shard {i} is named {s.id!r}, expected {shard_id(i, n)!r}")
             if s.path != f"shards/{s.id}.jsonl":
                 raise IntegrityError(f"{self.manifest_path}: shard {s.id} path {s.path!r} is not shards/{s.id}.jsonl")
-        # one listing; only links need resolving (each file is confined again when opened, in shard_file)
+        self._check_shard_links()
+
+    def _check_shard_links(self) -> None:
+        """Refuse a shard replaced by a link out of the job dir, before anything runs.
+
+        One listing of shards/ (only links need resolving: each file is confined again when opened, in
+        ``shard_file``), and only when the folder changed since a process last found it clean (its mtime,
+        recorded in ``.shards-checked``): a listing per process start would cost O(shards) on every node.
+        """
         shards_dir = self.confine("shards", "shards folder")
-        links: list[str] = []
-        if shards_dir.is_dir():
-            with os.scandir(shards_dir) as entries:
-                links = sorted(e.name for e in entries if e.is_symlink())
+        try:
+            stamp = str(os.stat(shards_dir).st_mtime_ns).encode()
+        except FileNotFoundError:
+            return
+        marker = self.root / SHARDS_CHECKED
+        if read_small(marker) == stamp:
+            return
+        with os.scandir(shards_dir) as entries:
+            links = sorted(e.name for e in entries if e.is_symlink())
         for name in links:
             self.confine(f"shards/{name}", "shard path")
+        try:
+            replace_small(marker, stamp)
+        except OSError:  # a read-only job dir: the next process lists again
+            pass
 
     def shard(self, sid: str) -> ShardSpec:
         m = SHARD_ID_RE.match(sid or "")

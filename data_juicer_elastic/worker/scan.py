@@ -18,6 +18,7 @@ folder's mtime (one stat), not from a listing.
 from __future__ import annotations
 
 import os
+import statistics
 import zlib
 from collections.abc import Callable
 
@@ -73,6 +74,7 @@ class ClaimChooser:
         self.speculator = Speculator(job, store, speculation or Speculation())
         self.max_retries = job.manifest().policy.max_retries
         self.order = [s.id for s in job.manifest().shards]
+        self.mean_bytes = sum(s.bytes for s in job.manifest().shards) / max(len(self.order), 1)
         seed = zlib.crc32(f"{store.host}:{os.getpid()}".encode())
         self.lanes = Lanes(job, store, self.order, seed)
         self.snapshots = SnapshotCache(job, store, refresh_interval(job))
@@ -104,7 +106,7 @@ class ClaimChooser:
             snap = self.last = self.snapshots.get(rebuild=True)  # a pacing decision: the workers busy now
         if not self.lanes.exhausted:
             left = snap.fresh_left + len(snap.claimable) if snap is not None else TAIL_LIMIT + 1
-            if 0 < left <= TAIL_LIMIT and not self._my_turn(left, self._busy(snap.live)):
+            if left > 0 and self._pacing_matters(snap, left) and not self._my_turn(left, self._busy(snap.live)):
                 return None, False, set()
             lease = self.lanes.claim()
             if lease is not None:
@@ -117,24 +119,46 @@ class ClaimChooser:
     def _stale_for_pacing(self, snap: Snapshot) -> bool:
         """At the tail, a pacing decision counts on the workers busy now: sweep again if this worker claimed
         since the snapshot was built (or never decided at the tail), so at most once per claim of its own."""
-        if self.pace.seconds is None or snap.fresh_left + len(snap.claimable) > TAIL_LIMIT:
+        if not self._pacing_matters(snap, snap.fresh_left + len(snap.claimable)):
             return False
         return self._claimed_at is None or snap.built_at < self._claimed_at
 
+    def _pacing_matters(self, snap: Snapshot, left: int) -> bool:
+        """Could tail pacing decline now? Only with ``left`` free shards or fewer than the workers could
+        finish before this one finishes one: at most 2 x workers x (this worker's pace over the job's)."""
+        pace = self.pace.seconds
+        if pace is None or left > TAIL_LIMIT:
+            return False
+        rate = statistics.median(snap.rates) if snap.rates else None
+        if not rate or not self.mean_bytes:
+            return True
+        slower = max(pace * rate / self.mean_bytes, 1.0)
+        return left <= 2 * max(snap.workers, 1) * slower
+
     def _from_the_sweep(self, snap: Snapshot) -> Scan:
         """Lanes exhausted: the shards the sweep found, each re-checked; then a backup of a late one."""
-        busy = self._busy(snap.live)
-        live = {b.shard for b in busy}
-        candidates = [(sid, n) for sid, n in snap.claimable if sid not in live]
-        candidates += [(b.shard, b.attempt) for b in snap.live if b.shard not in live]  # ended since the sweep
-        if candidates and not self._my_turn(len(candidates), busy):
-            return None, False, set()
+        candidates = list(snap.claimable) + self._ended(snap.live)
+        if candidates and self._pacing_matters(snap, len(candidates)):
+            if not self._my_turn(len(candidates), self._busy(snap.live)):
+                return None, False, set()
         lease, failed_now = self._take_first(candidates)
         if failed_now:
             return None, False, failed_now
         if lease is None and not candidates:  # nothing left to claim
-            lease = self.speculator.try_backup([(b.shard, b.attempt) for b in busy], snap, self.log)
+            lease = self.speculator.try_backup([(b.shard, b.attempt) for b in snap.live], snap, self.log)
         return lease, False, set()
+
+    def _ended(self, live: list[Busy]) -> Held:
+        """Attempts the sweep found live whose lease went stale or was released since (two stats each)."""
+        if not live:
+            return []
+        now = self.store.now()
+        ended = []
+        for b in live:
+            n = self.store.latest_attempt(b.shard, b.attempt)
+            if not self.store.live_pair(b.shard, n, now):
+                ended.append((b.shard, n))
+        return ended
 
     def _busy(self, live: list[Busy]) -> list[Busy]:
         """The sweep's live attempts that still run now (not done, lease renewed), newest record read."""
