@@ -138,9 +138,9 @@ class ClaimChooser:
     def _from_the_sweep(self, snap: Snapshot) -> Scan:
         """Lanes exhausted: the shards the sweep found, each re-checked; then a backup of a late one."""
         candidates = list(snap.claimable) + self._ended(snap.live)
-        if candidates and self._pacing_matters(snap, len(candidates)):
-            if not self._my_turn(len(candidates), self._busy(snap.live)):
-                return None, False, set()
+        paced = candidates and self._pacing_matters(snap, len(candidates))
+        if paced and not self._my_turn(len(candidates), self._busy(snap.live)):
+            return None, False, set()
         lease, failed_now = self._take_first(candidates)
         if failed_now:
             return None, False, failed_now
