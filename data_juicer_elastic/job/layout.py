@@ -385,10 +385,19 @@ class JobDir:
             links = sorted(e.name for e in entries if e.is_symlink())
         for name in links:
             self.confine(f"shards/{name}", "shard path")
+        self._links_checked = stamp
+
+    def mark_shards_checked(self) -> None:
+        """Record that this process found shards/ clean (a worker does; a mere read of the job dir writes
+        nothing), so the next process start skips the listing while the folder stays unchanged."""
+        stamp = getattr(self, "_links_checked", None)
+        if stamp is None:
+            return
         try:
-            replace_small(marker, stamp)
+            replace_small(self.root / SHARDS_CHECKED, stamp)
         except OSError:  # a read-only job dir: the next process lists again
             pass
+        self._links_checked = None
 
     def shard(self, sid: str) -> ShardSpec:
         m = SHARD_ID_RE.match(sid or "")

@@ -16,10 +16,10 @@ finds them from the worker records.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 
 from data_juicer_elastic.job.claims import ClaimStore, Lease
 from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.job.records.retry import retry_base
 from data_juicer_elastic.job.records.workers import read_small, replace_small
 
 MAX_LANES = 64
@@ -79,7 +79,7 @@ class Lanes:
     def exhausted(self) -> bool:
         return len(self.done) == len(self.bounds)
 
-    def claim(self, may_take: Callable[[str], bool] = lambda _: True) -> Lease | None:
+    def claim(self) -> Lease | None:
         """Claim the next never-claimed shard, moving lane to lane; None once every lane is exhausted."""
         while not self.exhausted:
             k = self.lane
@@ -96,8 +96,7 @@ class Lanes:
                 if os.path.lexists(self.store.lease_path(sid, 1)):  # claimed before: not fresh
                     self.cursor += 1
                     continue
-                if not may_take(sid):
-                    return None
+                retry_base(self.job, sid)  # a retry record planted for a shard never run is refused, not run
                 lease = self.store.try_claim(sid, 0)
                 self.cursor += 1
                 if lease is None:
