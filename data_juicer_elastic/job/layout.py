@@ -37,6 +37,7 @@ its own content (``manifest_digest``), so an edit after prepare is refused.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -45,14 +46,13 @@ from pathlib import Path
 
 from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.job.manifest import LEGACY_SCHEMA, Manifest, Policy, ShardSpec, manifest_digest
-from data_juicer_elastic.job.records.workers import read_small, replace_small
-from data_juicer_elastic.storage.files import read_json
+from data_juicer_elastic.storage.files import create_exclusive, read_json
 
 SHARD_ID_RE = re.compile(r"^part-(\d{5})-of-(\d{5})$")
 GENERATION_RE = re.compile(r"^[0-9a-f]{16}$")
 GENERATIONS = "generations"
 DJ_WORK = "dj-work"  # Data-Juicer's work dir of the dj-process runs on this job
-SHARDS_CHECKED = ".shards-checked"  # the shards folder's mtime when a process last found no link out in it
+SHARDS_CHECKED = ".shards-checked"  # -<mtime_ns>: a worker checked shards/ in that state for links out
 
 
 def generation_id(recipe_sha256: str) -> str:
@@ -105,7 +105,9 @@ class JobDir:
     root: Path
     _manifest: Manifest | None = field(default=None, repr=False)
 
-    def __init__(self, root: str | os.PathLike, generation: str | None = None) -> None:
+    def __init__(
+        self, root: str | os.PathLike, generation: str | None = None, *, shared_link_check: bool = False
+    ) -> None:
         path = Path(os.path.abspath(root))
         if generation is None and path.parent.name == GENERATIONS and (path.parent.parent / "manifest.json").exists():
             path, generation = path.parent.parent, path.name
@@ -114,6 +116,7 @@ class JobDir:
         self._manifest = None
         self._raw: Manifest | None = None
         self._gen_dir: Path | None = None  # checked once: a generation's folder is never removed
+        self.shared_link_check = shared_link_check  # a worker: shards/ is listed once per change, by one process
 
     # generations ----------------------------------------------------------
     @property
@@ -370,34 +373,34 @@ class JobDir:
         """Refuse a shard replaced by a link out of the job dir, before anything runs.
 
         One listing of shards/ (only links need resolving: each file is confined again when opened, in
-        ``shard_file``), and only when the folder changed since a process last found it clean (its mtime,
-        recorded in ``.shards-checked``): a listing per process start would cost O(shards) on every node.
+        ``shard_file``). A worker process (``shared_link_check``) lists it only if no process has yet
+        checked the folder in its current state (its mtime names an O_EXCL marker): a listing per worker
+        start would cost O(shards) on every node. Other readers list it and write nothing.
         """
         shards_dir = self.confine("shards", "shards folder")
         try:
-            stamp = str(os.stat(shards_dir).st_mtime_ns).encode()
+            stamp = os.stat(shards_dir).st_mtime_ns
         except FileNotFoundError:
             return
-        marker = self.root / SHARDS_CHECKED
-        if read_small(marker) == stamp:
+        marker = self.root / f"{SHARDS_CHECKED}-{stamp}"
+        if os.path.lexists(marker):
             return
-        with os.scandir(shards_dir) as entries:
-            links = sorted(e.name for e in entries if e.is_symlink())
-        for name in links:
-            self.confine(f"shards/{name}", "shard path")
-        self._links_checked = stamp
-
-    def mark_shards_checked(self) -> None:
-        """Record that this process found shards/ clean (a worker does; a mere read of the job dir writes
-        nothing), so the next process start skips the listing while the folder stays unchanged."""
-        stamp = getattr(self, "_links_checked", None)
-        if stamp is None:
-            return
+        if self.shared_link_check:
+            try:
+                if not create_exclusive(marker, b""):
+                    return  # another worker checks (or checked) the folder as it is now
+            except OSError:
+                pass  # a read-only job dir: list it
         try:
-            replace_small(self.root / SHARDS_CHECKED, stamp)
-        except OSError:  # a read-only job dir: the next process lists again
-            pass
-        self._links_checked = None
+            with os.scandir(shards_dir) as entries:
+                links = sorted(e.name for e in entries if e.is_symlink())
+            for name in links:
+                self.confine(f"shards/{name}", "shard path")
+        except IntegrityError:
+            if self.shared_link_check:
+                with contextlib.suppress(OSError):
+                    os.unlink(marker)
+            raise
 
     def shard(self, sid: str) -> ShardSpec:
         m = SHARD_ID_RE.match(sid or "")

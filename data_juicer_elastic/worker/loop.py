@@ -61,7 +61,7 @@ class Worker:
         should_stop: Callable[[], bool] | None = None,
         log: Callable[[str], None] = print,
     ) -> None:
-        self.job = JobDir(job_dir)
+        self.job = JobDir(job_dir, shared_link_check=True)
         self.policy = self.job.manifest().policy
         self.runner = runner
         self.host = host or hostname()

@@ -77,7 +77,6 @@ class ClaimChooser:
         self.mean_bytes = sum(s.bytes for s in job.manifest().shards) / max(len(self.order), 1)
         seed = zlib.crc32(f"{store.host}:{os.getpid()}".encode())
         self.lanes = Lanes(job, store, self.order, seed)
-        job.mark_shards_checked()
         self.snapshots = SnapshotCache(job, store, refresh_interval(job))
         self.failures = FailedWatch(job)
         self._waiting = False  # declined to claim at the tail (logged once per stretch)

@@ -113,7 +113,8 @@ def build(job: JobDir, store: ClaimStore, previous: Snapshot | None = None, lean
     snap.workers = len(records)
     counted = 0
     latest: dict[str, int] = {}  # shard -> the highest attempt any record names
-    owner: dict[tuple[str, int], tuple[str, str, int]] = {}  # (shard, attempt) -> (worker, host, pid)
+    # (shard, attempt) -> {worker: (host, pid)}: two records may name one attempt (a create lost to another)
+    owner: dict[tuple[str, int], dict[str, tuple[str, int]]] = {}
     for r in records:
         snap.done += r.published
         snap.input_rows_done += r.input_rows
@@ -127,7 +128,7 @@ def build(job: JobDir, store: ClaimStore, previous: Snapshot | None = None, lean
         for sid, attempt in r.pairs:
             if sid in rows:
                 latest[sid] = max(latest.get(sid, 0), attempt)
-                owner[(sid, attempt)] = (r.worker, r.host, r.pid)
+                owner.setdefault((sid, attempt), {})[r.worker] = (r.host, r.pid)
     archived, requeued = _requeued(job)
     snap.done -= archived
     for sid, after in requeued.items():
@@ -138,11 +139,11 @@ def build(job: JobDir, store: ClaimStore, previous: Snapshot | None = None, lean
         done = _done_of(job, sid)
         if done is not None:
             attempt, worker = int_or(done.get("attempt")), str(done.get("worker") or "")
-            if (sid, attempt) in owner and owner[(sid, attempt)][0] == worker:
+            if worker in owner.get((sid, attempt), {}):
                 counted += 1
                 _add_done(snap, done, rows[sid], sizes[sid])
             continue
-        _place(store, snap, sid, named, owner, now)
+        _place(store, snap, sid, named, now)
     snap.done += counted
     snap.legacy_done = previous.legacy_done if previous else 0
     snap.done += snap.legacy_done
@@ -154,7 +155,7 @@ def build(job: JobDir, store: ClaimStore, previous: Snapshot | None = None, lean
     return snap
 
 
-def _place(store: ClaimStore, snap: Snapshot, sid: str, named: int, owner: dict, now: float) -> None:
+def _place(store: ClaimStore, snap: Snapshot, sid: str, named: int, now: float) -> None:
     """A shard that is not done: its latest attempt is live (busy) or claimable."""
     n = named if os.path.lexists(store.lease_path(sid, named)) else named - 1  # a hole: named, never created
     n = store.latest_attempt(sid, max(n, 0))
@@ -164,17 +165,17 @@ def _place(store: ClaimStore, snap: Snapshot, sid: str, named: int, owner: dict,
     live = [a for a in (n, n - 1) if a > 0 and store.is_live(sid, a, now)]
     if live and (live[0] == n or store.backup_of(sid, n) is not None):
         for a in live:
-            snap.live.append(_busy(store, sid, a, owner, now))
+            snap.live.append(_busy(store, sid, a, now))
         return
     snap.claimable.append((sid, n))
 
 
-def _busy(store: ClaimStore, sid: str, attempt: int, owner: dict, now: float) -> Busy:
+def _busy(store: ClaimStore, sid: str, attempt: int, now: float) -> Busy:
     info = load_attempt(store.job.attempt_dir(sid, attempt))
     age = store.heartbeat_age(sid, attempt, now) or 0.0
     if info is None:
-        _, host, pid = owner.get((sid, attempt), ("", "?", 0))
-        return Busy(sid, attempt, host, pid, age=age)
+        lease = store.read_lease(sid, attempt) or {}
+        return Busy(sid, attempt, str(lease.get("host", "?")), int(lease.get("pid") or 0), age=age)
     return Busy(sid, attempt, info.host, info.pid, info.claimed_at, info.pace, info.final, info.backup, age)
 
 
@@ -238,7 +239,7 @@ def _fallback(job: JobDir, store: ClaimStore, snap: Snapshot, now: float) -> Non
     failed = job.failed_ids()
     for sid, n in sorted(store.latest_attempts().items()):
         if sid not in done and sid not in failed:
-            _place(store, snap, sid, n, {}, now)
+            _place(store, snap, sid, n, now)
     for spec in job.manifest().shards:  # never claimed and behind every lane's hint (a hole of an old job dir)
         fresh = spec.id not in done and not os.path.lexists(store.lease_path(spec.id, 1))
         if fresh and (spec.id, 0) not in snap.claimable:
