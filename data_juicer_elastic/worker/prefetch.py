@@ -77,9 +77,11 @@ class StagedAttempt(Attempt):
         self.beat: Any = None  # the lease's refresher, from open() on
         self.processing = (0.0, 0.0)  # monotonic start and end of the process stage
         self.running = False  # in the process stage now: only then may a lost race stop the runner
+        self.opened = time.monotonic()  # when it was claimed and opened (this node's clock)
 
     def open(self, stages: Stages, in_background: bool) -> bool:
         """Folder, record, heartbeat, shard check, then the load; False if the attempt already ended."""
+        self.opened = time.monotonic()
         self._make_folder()
         self._save()
         self.log(
@@ -105,6 +107,7 @@ class StagedAttempt(Attempt):
         try:
             loaded = self.loaded.result()
             start = time.monotonic()
+            self._note_processing_start(start)
             self.running = True
             self.stopper.arm()
             try:
@@ -128,6 +131,16 @@ class StagedAttempt(Attempt):
                 raise error from exc
             self.fail(exc)
             return None
+
+    def _note_processing_start(self, start: float) -> None:
+        """A shard that waited behind another since its claim: speculation times it from now, not its claim.
+
+        The shared clock's claim time plus this node's monotonic wait: no clock of another node is involved.
+        """
+        waited = start - self.opened
+        if waited >= 1.0 and self.lease.claimed_at > 0:
+            self.record.processing_at = self.lease.claimed_at + waited
+            self._save()
 
     def finish(self, stages: Stages, processed: Any) -> str:
         """Join, re-read, publish (finisher thread); ``NoSpace`` escapes to stop the worker."""
