@@ -61,8 +61,9 @@ def attempt_file(attempt_dir: Path) -> Path:
 
 
 def write_attempt(attempt_dir: Path, record: AttemptRecord) -> None:
-    """Replace the record atomically; no fsync: a record lost in a file server crash reads as a lost attempt."""
-    replace_small(attempt_file(attempt_dir), dumps_json(record.to_dict()))
+    """Replace the record atomically. The file is fsynced before the rename (over sshfs a rename can otherwise
+    reach the server before the bytes, and another node reads a cut record); the folder is not."""
+    replace_small(attempt_file(attempt_dir), dumps_json(record.to_dict()), fsync=True)
 
 
 def load_attempt(attempt_dir: Path) -> AttemptRecord | None:
