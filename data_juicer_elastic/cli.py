@@ -157,7 +157,7 @@ def cmd_worker(a: Namespace) -> int:
     from data_juicer_elastic.worker.loop import run_worker
     from data_juicer_elastic.worker.runner import load_runner
 
-    job = _job(a)
+    job = JobDir(a.job_dir, a.generation, shared_link_check=True)  # shards/ listed once per change, not per worker
     check_versions(job.manifest().versions, allow_mismatch=a.allow_version_mismatch)
     if a.runner:
         runner = load_runner(a.runner)

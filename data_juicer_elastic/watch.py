@@ -1,9 +1,12 @@
 """One progress line for the whole job, read from the job dir: logged every N seconds, or redrawn in place.
 
 Every process of a job (and ``dj-elastic status --watch`` on any machine that
-mounts the job dir) sees the same state directories, so each can say how the
-whole job stands: shards done / running / pending, hosts at work, rows per
-second and the time left.
+mounts the job dir) sees the same job dir, so each can say how the whole job
+stands: shards done / running / pending, hosts at work, rows per second and
+the time left. The line every process logs (``ProgressTicker``) comes from
+the shared snapshot of the worker records (``worker.sweep``): one small file
+read per tick, whatever the job's size. ``status --watch``, a person's
+request, still reads the whole job (``status.job_status``).
 """
 
 from __future__ import annotations
@@ -15,8 +18,11 @@ from collections.abc import Callable
 from typing import TextIO
 
 from data_juicer_elastic.errors import ElasticError
+from data_juicer_elastic.job.claims import claim_store
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.status import JobStatus, job_status
+from data_juicer_elastic.worker.scan import refresh_interval
+from data_juicer_elastic.worker.sweep import Snapshot, SnapshotCache
 
 
 def duration(seconds: float) -> str:
@@ -45,15 +51,54 @@ def progress_line(st: JobStatus) -> str:
     return "; ".join(parts)
 
 
+def snapshot_line(snap: Snapshot, input_rows: int) -> str:
+    """The progress line (``progress_line``'s wording) from the sweep's snapshot."""
+    running = len({b.shard for b in snap.live})
+    failed = len(snap.failed)
+    pending = max(snap.total - snap.done - running - failed, 0)
+    share = snap.input_rows_done / input_rows if input_rows else 1.0
+    parts = [
+        f"progress: {snap.done}/{snap.total} shards done ({min(share, 1.0):.0%} of rows), "
+        f"{running} running, {pending} pending" + (f", {failed} failed" if failed else "")
+    ]
+    parts.append(f"{len({b.host for b in snap.live})} host(s) active")
+    span = (snap.last_finish or 0.0) - (snap.first_start or 0.0)
+    rate = snap.input_rows_done / span if snap.first_start is not None and span > 0 else None
+    if rate:
+        parts.append(f"{rate:,.0f} rows/s")
+        left = input_rows - snap.input_rows_done
+        if left > 0:
+            parts.append(f"ETA {duration(left / rate)}")
+    if snap.error_rows:
+        parts.append(f"{snap.error_rows} row(s) removed by op errors")
+    return "; ".join(parts)
+
+
+class ProgressReader:
+    """The progress line of one job dir, from the shared snapshot; the manifest is read once."""
+
+    def __init__(self, job_dir: str) -> None:
+        self.job_dir = job_dir
+        self._cache: SnapshotCache | None = None
+        self._rows = 0
+
+    def line(self) -> str | None:
+        """The progress line, or None while the job dir is not prepared yet (or unreadable)."""
+        try:
+            if self._cache is None:
+                job = JobDir(self.job_dir)
+                if not job.exists():
+                    return None
+                self._rows = job.manifest().total_rows
+                self._cache = SnapshotCache(job, claim_store(job), refresh_interval(job))
+            return snapshot_line(self._cache.get(fresh=True), self._rows)
+        except (OSError, ValueError, ElasticError):
+            return None
+
+
 def job_progress(job_dir: str) -> str | None:
     """The progress line, or None while the job dir is not prepared yet (or unreadable)."""
-    job = JobDir(job_dir)
-    try:
-        if not job.exists():
-            return None
-        return progress_line(job_status(job))
-    except (OSError, ValueError, ElasticError):
-        return None
+    return ProgressReader(job_dir).line()
 
 
 class ProgressTicker:
@@ -61,12 +106,13 @@ class ProgressTicker:
 
     def __init__(self, job_dir: str, interval: float | None, log: Callable[[str], None]) -> None:
         self.job_dir, self.interval, self.log = job_dir, interval, log
+        self.reader = ProgressReader(job_dir)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dje-progress", daemon=True)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
-            line = job_progress(self.job_dir)
+            line = self.reader.line()
             if line and not self._stop.is_set():
                 self.log(line)
 

@@ -121,7 +121,7 @@ class _Session:
         if outcome.exit_code == EXIT_OK:
             outcome = self.check_same_request(outcome)
         if outcome.exit_code == EXIT_OK:
-            job = JobDir(self.spec.job_dir, outcome.generation)
+            job = JobDir(self.spec.job_dir, outcome.generation, shared_link_check=True)
             run.register(rank)
             outcome = AfterPrepare(self.spec, self.host, self.log, job, run).work_and_finalize()
         self.log(("PASS: " if outcome.exit_code == EXIT_OK else "FAIL: ") + outcome.message)
@@ -132,7 +132,7 @@ class _Session:
         if prepared.host == self.host and prepared.pid == os.getpid():
             return prepared
         request = self.spec.make_prepare_request()
-        job = JobDir(self.spec.job_dir, prepared.generation)
+        job = JobDir(self.spec.job_dir, prepared.generation, shared_link_check=True)
         diffs = differences(job.manifest(), request, None)
         if job.manifest().recipe_sha256 != hashlib.sha256(request.recipe_text).hexdigest():
             theirs = job.recipe_path.read_text(encoding="utf-8", errors="replace")

@@ -20,7 +20,7 @@ from data_juicer_elastic.coordination.run_id import safe_key
 from data_juicer_elastic.coordination.rundir import EXIT_FAILED, EXIT_OK, Outcome, RunDir
 from data_juicer_elastic.coordination.spec import JobSpec
 from data_juicer_elastic.errors import IntegrityError
-from data_juicer_elastic.job.claims import ClaimStore, claim_store
+from data_juicer_elastic.job.claims import claim_store
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.records.done import load_done
 from data_juicer_elastic.job.records.failed import failure_message
@@ -30,6 +30,8 @@ from data_juicer_elastic.report import write_report
 from data_juicer_elastic.status import describe_error_rows, error_rows_by_shard
 from data_juicer_elastic.worker.loop import run_worker
 from data_juicer_elastic.worker.runner import close_runner
+from data_juicer_elastic.worker.scan import refresh_interval
+from data_juicer_elastic.worker.sweep import SnapshotCache
 
 Log = Callable[[str], None]
 
@@ -97,22 +99,27 @@ class AfterPrepare:
         return min(given) if given else None
 
     def wait_for_shards(self) -> Outcome | None:
-        """Wait until every shard is done (None), a failure, an abort, or no progress for the timeout."""
-        store = claim_store(self.job, self.host)
-        total = len(self.job.manifest().shards)
+        """Wait until every shard is done (None), a failure, an abort, or no progress for the timeout.
+
+        Each poll reads the shared snapshot (``worker.sweep``): O(1) calls, whatever the job's size.
+        """
+        snapshots = self.snapshots()
         last_done, last_progress = -1, time.monotonic()
         while True:
             outcome = self.run.aborted() or self.failed_outcome()
             if outcome:
                 return outcome
-            done = self.job.done_ids()
-            if len(done) == total:
+            snap = snapshots.get()
+            if snap.complete:
                 return None
-            if len(done) != last_done or _any_live(store, done):
-                last_done, last_progress = len(done), time.monotonic()
+            if snap.done != last_done or snap.live:
+                last_done, last_progress = snap.done, time.monotonic()
             elif time.monotonic() - last_progress > self.spec.timeout:
-                return self.abort(self.stall_message(done))
+                return self.abort(self.stall_message(self.job.done_ids()))
             time.sleep(self.spec.poll_interval_secs)
+
+    def snapshots(self) -> SnapshotCache:
+        return SnapshotCache(self.job, claim_store(self.job, self.host), refresh_interval(self.job))
 
     def failed_outcome(self) -> Outcome | None:
         failed = sorted(self.job.failed_ids())
@@ -126,7 +133,7 @@ class AfterPrepare:
         return outcome
 
     def all_done(self) -> bool:
-        return len(self.job.done_ids()) == len(self.job.manifest().shards)
+        return self.snapshots().get().complete
 
     def stall_message(self, done: set[str]) -> str:
         shards = [s.id for s in self.job.manifest().shards]
@@ -214,14 +221,6 @@ class AfterPrepare:
 
 def _listing(hosts: dict[str, int]) -> str:
     return ", ".join(f"{h}={n}" for h, n in sorted(hosts.items()))
-
-
-def _any_live(store: ClaimStore, done: set[str]) -> bool:
-    pending = {sid: n for sid, n in store.latest_attempts().items() if sid not in done}
-    if not pending:
-        return False
-    now = store.now()
-    return any(store.live_pair(sid, n, now) for sid, n in pending.items())  # a backup's original counts
 
 
 def _hosts_of(job: JobDir, done: set[str]) -> dict[str, int]:

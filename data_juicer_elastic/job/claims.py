@@ -17,6 +17,13 @@ so a lease whose body does not (yet) say so is an ordinary takeover. Attempt
 ``n`` then stays current beside its backup; only attempt ``n+2`` fences both
 (``is_current``), and that is only claimed once neither of them is live
 (``live_pair``).
+
+Nothing here lists the claims folder on the hot path: a shard's latest
+attempt is found by probing ``<shard>@0001``, ``@0002``, ... until one is
+missing (``latest_attempt``; bounded by retries plus backups). Before it
+creates a lease, the store names the attempt in this process's worker record
+(``job.records.workers``), so whatever the process leaves behind can be found
+from that record instead of from a listing.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from pathlib import Path
 import orjson
 
 from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.job.records.workers import WorkerLedger
 from data_juicer_elastic.storage.files import create_exclusive, dumps_json, publish_once, server_now, touch
 from data_juicer_elastic.storage.host import hostname
 from data_juicer_elastic.storage.refresher import LeaseRefresher
@@ -71,6 +79,22 @@ class ClaimStore:
         self.host = host
         self.pid = os.getpid() if pid is None else pid
         self._probe = job.clock_dir / f"{host}-{self.pid}"
+        self._ledger: WorkerLedger | None = None
+
+    @property
+    def ledger(self) -> WorkerLedger:
+        """This process's worker record (made on first use: a read-only store never writes one)."""
+        if self._ledger is None:
+            self._ledger = WorkerLedger(self.job.workers_dir, self.host, self.pid, uuid.uuid4().hex[:8])
+        return self._ledger
+
+    def flush(self) -> None:
+        """Write this process's worker record if it changed since (what it published since its last claim)."""
+        if self._ledger is not None:
+            try:
+                self._ledger.flush()
+            except OSError:  # a record that lags is still counted right: through its pairs' done records
+                pass
 
     # views ----------------------------------------------------------------
     def now(self) -> float:
@@ -85,6 +109,17 @@ class ClaimStore:
             if parsed and parsed[1] > latest[parsed[0]]:
                 latest[parsed[0]] = parsed[1]
         return dict(latest)
+
+    def latest_attempt(self, shard: str, start: int = 0) -> int:
+        """The shard's highest attempt number, by probing leases upward from ``start`` (no listing).
+
+        ``start`` is an attempt known to exist (0: none known). Attempt numbers
+        only grow by one, so the first missing number ends the probe.
+        """
+        n = start
+        while os.path.lexists(self.lease_path(shard, n + 1)):
+            n += 1
+        return n
 
     def lease_path(self, shard: str, attempt: int) -> Path:
         return self.job.claims_dir / lease_name(shard, attempt)
@@ -125,10 +160,13 @@ class ClaimStore:
         token = uuid.uuid4().hex
         path = self.lease_path(shard, attempt)
         body = {"shard": shard, "attempt": attempt, "host": self.host, "pid": self.pid, "token": token}
+        self.ledger.hold(shard, attempt)  # on disk before the lease: a crash from here on leaves a trace
         if not create_exclusive(path, dumps_json(body)):
+            self.ledger.drop(shard, attempt)
             return None
         lease = Lease(shard, attempt, self.host, self.pid, token, path, _mtime(path))
-        if not self.is_current(lease):  # our listing was old: a later attempt already exists
+        if not self.is_current(lease):  # what we looked at was old: a later attempt already exists
+            self.ledger.drop(shard, attempt)
             return None
         return lease
 
@@ -138,10 +176,13 @@ class ClaimStore:
         token = uuid.uuid4().hex
         path = self.lease_path(shard, attempt)
         body = {"shard": shard, "attempt": attempt, "host": self.host, "pid": self.pid, "token": token}
+        self.ledger.hold(shard, attempt)
         if not publish_once(path, dumps_json({**body, "backup_of": original})):  # appears whole
+            self.ledger.drop(shard, attempt)
             return None
         lease = Lease(shard, attempt, self.host, self.pid, token, path, _mtime(path), backup_of=original)
         if not self.is_current(lease):
+            self.ledger.drop(shard, attempt)
             return None
         return lease
 

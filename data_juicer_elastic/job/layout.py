@@ -14,6 +14,9 @@
         state/done/<shard>.json     first publication wins
         state/failed/<shard>.json   terminal failure after the retry budget
         state/retry/<shard>.json    attempts up to here no longer count (written by retry)
+        state/workers/<worker>.json one per worker process: the attempts it started, what it published
+        state/lanes/<k>             best-effort hint: the next unclaimed shard of lane k
+        state/progress.json         the job's state summed from the worker records (rebuilt by anyone)
         state/history/              what retry archived; nothing is ever deleted
         state/clock/                probe files for the server clock
         finalize/<key>/             the finalize election of one set of done records
@@ -34,6 +37,7 @@ its own content (``manifest_digest``), so an edit after prepare is refused.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -42,12 +46,13 @@ from pathlib import Path
 
 from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.job.manifest import LEGACY_SCHEMA, Manifest, Policy, ShardSpec, manifest_digest
-from data_juicer_elastic.storage.files import read_json
+from data_juicer_elastic.storage.files import create_exclusive, read_json
 
 SHARD_ID_RE = re.compile(r"^part-(\d{5})-of-(\d{5})$")
 GENERATION_RE = re.compile(r"^[0-9a-f]{16}$")
 GENERATIONS = "generations"
 DJ_WORK = "dj-work"  # Data-Juicer's work dir of the dj-process runs on this job
+SHARDS_CHECKED = ".shards-checked"  # -<mtime_ns>: a worker checked shards/ in that state for links out
 
 
 def generation_id(recipe_sha256: str) -> str:
@@ -100,7 +105,9 @@ class JobDir:
     root: Path
     _manifest: Manifest | None = field(default=None, repr=False)
 
-    def __init__(self, root: str | os.PathLike, generation: str | None = None) -> None:
+    def __init__(
+        self, root: str | os.PathLike, generation: str | None = None, *, shared_link_check: bool = False
+    ) -> None:
         path = Path(os.path.abspath(root))
         if generation is None and path.parent.name == GENERATIONS and (path.parent.parent / "manifest.json").exists():
             path, generation = path.parent.parent, path.name
@@ -108,6 +115,8 @@ class JobDir:
         self._generation = generation
         self._manifest = None
         self._raw: Manifest | None = None
+        self._gen_dir: Path | None = None  # checked once: a generation's folder is never removed
+        self.shared_link_check = shared_link_check  # a worker: shards/ is listed once per change, by one process
 
     # generations ----------------------------------------------------------
     @property
@@ -167,13 +176,19 @@ class JobDir:
 
     @property
     def gen_dir(self) -> Path:
+        if self._gen_dir is not None:
+            return self._gen_dir
         gen = self.generation
         if not gen:  # a schema-3 job dir; or none yet: a folder that never exists, so pollers see nothing
-            return self.root if self.legacy() else self.generations_dir / ".none-yet"
+            if self.legacy():
+                self._gen_dir = self.root
+                return self.root
+            return self.generations_dir / ".none-yet"
         if not GENERATION_RE.match(gen) or not (self.generations_dir / gen).is_dir():
             known = ", ".join(self.generation_ids()) or "none"
             raise UserError(f"{self.root}: no generation {gen!r} (generations: {known}); name one of these")
-        return self.generations_dir / gen
+        self._gen_dir = self.generations_dir / gen
+        return self._gen_dir
 
     @property
     def policy_path(self) -> Path:
@@ -241,7 +256,19 @@ class JobDir:
     def merge_record_path(self) -> Path:
         return self.gen_dir / "merge.json"
 
-    STATE_SUBDIRS = ("claims", "done", "failed", "retry", "history", "clock")
+    @property
+    def workers_dir(self) -> Path:
+        return self.state_dir / "workers"
+
+    @property
+    def lanes_dir(self) -> Path:
+        return self.state_dir / "lanes"
+
+    @property
+    def progress_path(self) -> Path:
+        return self.state_dir / "progress.json"
+
+    STATE_SUBDIRS = ("claims", "done", "failed", "retry", "history", "clock", "workers", "lanes")
 
     def done_path(self, sid: str) -> Path:
         return self.done_dir / f"{sid}.json"
@@ -340,14 +367,40 @@ class JobDir:
                 raise IntegrityError(f"{self.manifest_path}: shard {i} is named {s.id!r}, expected {shard_id(i, n)!r}")
             if s.path != f"shards/{s.id}.jsonl":
                 raise IntegrityError(f"{self.manifest_path}: shard {s.id} path {s.path!r} is not shards/{s.id}.jsonl")
-        # one listing; only links need resolving (each file is confined again when opened, in shard_file)
+        self._check_shard_links()
+
+    def _check_shard_links(self) -> None:
+        """Refuse a shard replaced by a link out of the job dir, before anything runs.
+
+        One listing of shards/ (only links need resolving: each file is confined again when opened, in
+        ``shard_file``). A worker process (``shared_link_check``) lists it only if no process has yet
+        checked the folder in its current state (its mtime names an O_EXCL marker): a listing per worker
+        start would cost O(shards) on every node. Other readers list it and write nothing.
+        """
         shards_dir = self.confine("shards", "shards folder")
-        links: list[str] = []
-        if shards_dir.is_dir():
+        try:
+            stamp = os.stat(shards_dir).st_mtime_ns
+        except FileNotFoundError:
+            return
+        marker = self.root / f"{SHARDS_CHECKED}-{stamp}"
+        if os.path.lexists(marker):
+            return
+        if self.shared_link_check:
+            try:
+                if not create_exclusive(marker, b""):
+                    return  # another worker checks (or checked) the folder as it is now
+            except OSError:
+                pass  # a read-only job dir: list it
+        try:
             with os.scandir(shards_dir) as entries:
                 links = sorted(e.name for e in entries if e.is_symlink())
-        for name in links:
-            self.confine(f"shards/{name}", "shard path")
+            for name in links:
+                self.confine(f"shards/{name}", "shard path")
+        except IntegrityError:
+            if self.shared_link_check:
+                with contextlib.suppress(OSError):
+                    os.unlink(marker)
+            raise
 
     def shard(self, sid: str) -> ShardSpec:
         m = SHARD_ID_RE.match(sid or "")

@@ -25,7 +25,6 @@ from data_juicer_elastic.job.layout import JobDir, attempt_name
 from data_juicer_elastic.job.manifest import Policy
 from data_juicer_elastic.job.records.attempt import AttemptRecord, attempt_file, load_attempt, write_attempt
 from data_juicer_elastic.job.records.done import DoneRecord, load_done, publish_done
-from data_juicer_elastic.status import OPS_NAME, first_line
 from data_juicer_elastic.storage.blocks import digest_file
 from data_juicer_elastic.storage.files import disk_full_in, read_record
 from data_juicer_elastic.worker.budget import fail_terminally, failure_count
@@ -34,6 +33,8 @@ from data_juicer_elastic.worker.fencing import Fenced, RunnerStopper
 from data_juicer_elastic.worker.outputs import OutputDigest, inspect_output
 from data_juicer_elastic.worker.runner import Runner
 from data_juicer_elastic.worker.signals import Interrupted, received
+
+OPS_NAME = "ops.json"  # per-op row counts a runner leaves in the attempt dir (see plugin/opcounts)
 
 
 class ShardMismatch(IntegrityError):
@@ -91,7 +92,9 @@ class Attempt:
     def _run(self) -> str:
         self._make_folder()
         self._save()
-        self.log(f"claimed {self.name}{claim_note(self.job, self.lease.shard, self.lease.attempt)}")
+        self.log(
+            f"claimed {self.name}{claim_note(self.job, self.lease.shard, self.lease.attempt, self.lease.backup_of)}"
+        )
         beat = heartbeat(self.store, self.lease, self.policy.heartbeat_secs, self.log, on_lost=self._lost_race)
         try:
             with beat:
@@ -136,6 +139,7 @@ class Attempt:
             winner = None if not self.store.is_current(self.lease) else load_done(self.job, self.lease.shard)
         except (ElasticError, OSError):
             winner = None
+        self.store.ledger.drop(self.lease.shard, self.lease.attempt)  # it holds nothing any more
         if winner is not None and winner.attempt != self.lease.attempt:
             self._save("lost-race", f"attempt {winner.attempt} published done first; output not published")
             self.log(f"{self.name} lost the race to attempt {winner.attempt}; not publishing")
@@ -170,12 +174,24 @@ class Attempt:
             started_at=self.record.started_at,
             finished_at=time.time(),
             backup=self.lease.backup_of is not None,
+            worker=self.store.ledger.worker,
             **op_totals(self.adir),
         )
         with space_for(self.job.done_path(record.shard)):
             published = publish_done(self.job, record)
         if not published:
             return self._fenced()
+        spec = self.job.shard(record.shard)
+        self.store.ledger.published(
+            record.shard,
+            record.attempt,
+            spec.rows,
+            record.rows,
+            record.error_rows,
+            spec.bytes,
+            record.started_at,
+            record.finished_at,
+        )
         self._save("done")
         seconds = (record.finished_at or 0.0) - self.record.started_at
         dropped = f" ({record.error_rows} row(s) removed by op errors; see {self.adir / 'process.log'})"
@@ -191,7 +207,9 @@ class Attempt:
             f.write("\n" + "".join(traceback.format_exception(exc)))
         self._end("failed", error)
         failures = failure_count(self.job, self.lease.shard, self.lease.attempt)
-        self.log(f"{self.name} failed ({failures} failure(s)): {first_line(error)}; log: {self.adir / 'process.log'}")
+        self.log(
+            f"{self.name} failed ({failures} failure(s)): {one_line(error, 300)}; log: {self.adir / 'process.log'}"
+        )
         if terminal or (failures > self.policy.max_retries and not self._backup_live()):
             fail_terminally(self.job, self.lease.shard, self.lease.attempt, self.store.host, error)
         self.store.release(self.lease)
@@ -245,8 +263,12 @@ def op_totals(adir: Path) -> dict:
     return {k: ops[k] for k in ("rows_in", "error_rows") if type(ops.get(k)) is int}
 
 
-def claim_note(job: JobDir, sid: str, attempt: int) -> str:
-    """Say when a claim takes over a lost attempt or retries a failed one (the console's story)."""
+def claim_note(job: JobDir, sid: str, attempt: int, backup_of: int | None = None) -> str:
+    """Say when a claim backs up a live attempt, takes over a lost one or retries a failed one (the console's story)."""
+    if backup_of is not None:
+        prev = load_attempt(job.attempt_dir(sid, backup_of))
+        where = f" on host={prev.host}" if prev else ""
+        return f" (backing up attempt {attempt_name(backup_of)} of {sid}{where})"
     if attempt < 2:
         return ""
     prev = load_attempt(job.attempt_dir(sid, attempt - 1))

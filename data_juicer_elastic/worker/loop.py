@@ -61,7 +61,7 @@ class Worker:
         should_stop: Callable[[], bool] | None = None,
         log: Callable[[str], None] = print,
     ) -> None:
-        self.job = JobDir(job_dir)
+        self.job = JobDir(job_dir, shared_link_check=True)
         self.policy = self.job.manifest().policy
         self.runner = runner
         self.host = host or hostname()
@@ -78,7 +78,7 @@ class Worker:
         self._waited: list[str] = []  # the leased shards it last said it waits for
 
     def claim_next(self) -> Scan:
-        """Claim the next shard: (its lease or None, the done shards, the failed shards)."""
+        """Claim the next shard: (its lease or None, whether every shard is done, the failed shards)."""
         return self.chooser.claim_next()
 
     def new_attempt(self, kind: type[AttemptT], lease: Lease, final: bool) -> AttemptT:
@@ -119,16 +119,18 @@ class Worker:
                 result.exit_code, result.message = error.exit_code, str(error)
             except ElasticError as exc:  # a full disk during an attempt, a tampered job dir
                 result.exit_code, result.message = exc.exit_code, str(exc)
+            finally:
+                self.store.flush()
         return result
 
     def _step(self, result: WorkerResult) -> bool:
         """Claim and run one shard; True (with ``result`` filled in) once the loop should end."""
         ended = self._limit_reached(len(result.completed))
         if ended is None:
-            lease, done, failed = self.claim_next()
-            ended = self._finished(lease, done, failed)
+            lease, complete, failed = self.claim_next()
+            ended = self._finished(lease, complete, failed)
             if ended is None and lease is None:
-                self._say_what_it_waits_for(done | failed)
+                self._say_what_it_waits_for()
                 time.sleep(self.policy.poll_interval_secs)
                 return False
         if ended is not None:
@@ -139,16 +141,18 @@ class Worker:
             result.completed.append(lease.shard)
         return False
 
-    def _say_what_it_waits_for(self, finished: set[str]) -> None:
-        """One line each time the set of leases it waits on changes: whose, and when each may be taken over."""
-        now = self.store.now()
+    def _say_what_it_waits_for(self) -> None:
+        """One line each time the set of leases it waits on changes: whose, and when each may be taken over.
+
+        From the sweep's snapshot the claim just looked at: no lease is listed or read here.
+        """
+        snap = self.chooser.last
         waits = []
-        for sid, n in sorted(self.store.latest_attempts().items()):
-            age = self.store.heartbeat_age(sid, n, now) if sid not in finished else None
-            if age is not None and age != float("inf"):
-                host = (self.store.read_lease(sid, n) or {}).get("host", "?")
-                free_at = time.strftime("%H:%M:%S", time.localtime(time.time() + self.policy.lock_timeout_secs - age))
-                waits.append((sid, f"{sid} (host={host}, renewed {age:.0f}s ago, free at {free_at} unless renewed)"))
+        for b in sorted(snap.live if snap else [], key=lambda b: (b.shard, b.attempt)):
+            free_at = time.strftime("%H:%M:%S", time.localtime(time.time() + self.policy.lock_timeout_secs - b.age))
+            waits.append(
+                (b.shard, f"{b.shard} (host={b.host}, renewed {b.age:.0f}s ago, free at {free_at} unless renewed)")
+            )
         if waits and [w[0] for w in waits] != self._waited:
             more = f"; ... ({len(waits) - 8} more)" if len(waits) > 8 else ""
             listing = "; ".join(w[1] for w in waits[:8]) + more
@@ -164,11 +168,11 @@ class Worker:
             return 0, f"claimed its share of {self.claim_limit} shard(s)"
         return None
 
-    def _finished(self, lease: Lease | None, done: set[str], failed: set[str]) -> tuple[int, str] | None:
+    def _finished(self, lease: Lease | None, complete: bool, failed: set[str]) -> tuple[int, str] | None:
         """The loop's end when the job is over for this worker; None to go on."""
         if failed:
             return 2, failure_message(self.job, sorted(failed)[0])
-        if len(done) == len(self.chooser.order):
+        if complete:
             return 0, f"all {len(self.chooser.order)} shards done"
         if lease is None and self.stop_when_idle:
             return 1, "no claimable shard left; others still running"

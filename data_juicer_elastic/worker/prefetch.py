@@ -77,12 +77,16 @@ class StagedAttempt(Attempt):
         self.beat: Any = None  # the lease's refresher, from open() on
         self.processing = (0.0, 0.0)  # monotonic start and end of the process stage
         self.running = False  # in the process stage now: only then may a lost race stop the runner
+        self.opened = time.monotonic()  # when it was claimed and opened (this node's clock)
 
     def open(self, stages: Stages, in_background: bool) -> bool:
         """Folder, record, heartbeat, shard check, then the load; False if the attempt already ended."""
+        self.opened = time.monotonic()
         self._make_folder()
         self._save()
-        self.log(f"claimed {self.name}{claim_note(self.job, self.lease.shard, self.lease.attempt)}")
+        self.log(
+            f"claimed {self.name}{claim_note(self.job, self.lease.shard, self.lease.attempt, self.lease.backup_of)}"
+        )
         beat = heartbeat(self.store, self.lease, self.policy.heartbeat_secs, self.log, on_lost=self._lost_race)
         self.beat = beat.__enter__()
         try:
@@ -103,6 +107,7 @@ class StagedAttempt(Attempt):
         try:
             loaded = self.loaded.result()
             start = time.monotonic()
+            self._note_processing_start(start)
             self.running = True
             self.stopper.arm()
             try:
@@ -126,6 +131,16 @@ class StagedAttempt(Attempt):
                 raise error from exc
             self.fail(exc)
             return None
+
+    def _note_processing_start(self, start: float) -> None:
+        """A shard that waited behind another since its claim: speculation times it from now, not its claim.
+
+        The shared clock's claim time plus this node's monotonic wait: no clock of another node is involved.
+        """
+        waited = start - self.opened
+        if waited >= 1.0 and self.lease.claimed_at > 0:
+            self.record.processing_at = self.lease.claimed_at + waited
+            self._save()
 
     def finish(self, stages: Stages, processed: Any) -> str:
         """Join, re-read, publish (finisher thread); ``NoSpace`` escapes to stop the worker."""
@@ -193,7 +208,7 @@ class PrefetchWorker(Worker):
         self._loaded_once = False
         self._lock = threading.Lock()  # stopping vs. a claim made ahead in another thread
         self._ahead: Future | None = None  # that claim
-        self._last_scan: tuple[set[str], set[str]] = (set(), set())
+        self._last_scan: tuple[bool, set[str]] = (False, set())
         self._loads: list[Future] = []  # loads started in the background and maybe not finished
 
     def backlog(self) -> float:
@@ -221,6 +236,7 @@ class PrefetchWorker(Worker):
                 result.exit_code, result.message = exc.exit_code, str(exc)
             finally:
                 self._let_loads_end()
+                self.store.flush()
         return result
 
     def _let_loads_end(self) -> None:
@@ -259,7 +275,7 @@ class PrefetchWorker(Worker):
             return 0, f"--max-shards {self.max_shards} reached"
         if self.claim_limit is not None and self.claimed >= self.claim_limit and not self._busy():
             return 0, f"claimed its share of {self.claim_limit} shard(s)"
-        failed = self.job.failed_ids()
+        failed = self.chooser.failures.check()  # one stat of the failed folder; listed only when it changed
         if failed:
             return 2, failure_message(self.job, sorted(failed)[0])
         return None
@@ -279,9 +295,9 @@ class PrefetchWorker(Worker):
         """Claim until ``depth`` shards wait (one, when nothing runs), each loading at once."""
         want = self.depth if self.current is not None else 1
         while len(self.waiting) < want and self._may_claim(len(result.completed)):
-            lease, done, failed = self.claim_next()
+            lease, complete, failed = self.claim_next()
             if lease is None:
-                self._last_scan = (done, failed)
+                self._last_scan = (complete, failed)
                 return
             self.claimed += 1
             final = self._last_claim(len(result.completed) + self._unfinished())
@@ -315,11 +331,11 @@ class PrefetchWorker(Worker):
 
     def _idle(self, result: WorkerResult) -> bool:
         """Nothing claimed or running: end (job over, stop when idle) or wait a poll interval."""
-        (done, failed), self._last_scan = self._last_scan, (set(), set())
+        (complete, failed), self._last_scan = self._last_scan, (False, set())
         if failed:
             result.exit_code, result.message = 2, failure_message(self.job, sorted(failed)[0])
             return True
-        if len(done) == len(self.chooser.order):
+        if complete:
             result.message = f"all {len(self.chooser.order)} shards done"
             return True
         if not self._may_claim(len(result.completed)):
@@ -328,7 +344,7 @@ class PrefetchWorker(Worker):
         if self.stop_when_idle:
             result.exit_code, result.message = 1, "no claimable shard left; others still running"
             return True
-        self._say_what_it_waits_for(done | failed)  # the same line the one-at-a-time loop logs
+        self._say_what_it_waits_for()  # the same line the one-at-a-time loop logs
         time.sleep(self.policy.poll_interval_secs)
         return False
 

@@ -1,20 +1,24 @@
-"""Which shard to claim next: one listing of the state folders, then the first claimable shard.
+"""Which shard to claim next, at the same cost per shard however large the job.
 
-Each process scans from its own offset in the manifest order, so racing
-workers rarely try the same shard. Far from the end of the job a held
-shard's lease is only looked at when the scan reaches it; near the end
-(``TAIL_LIMIT`` free shards or fewer) every lease is checked first, so tail
-pacing (``pacing``) knows the busy workers. A shard whose attempts used up
-the retry budget is failed here, so a shard that keeps killing its workers
-stops the job instead of going round forever. A shard counts as live while
-its latest attempt is, or, if that is a backup, while the original is
-(``ClaimStore.live_pair``). With no shard left to claim, the worker may back
-up a late one (``speculation``).
+Fresh shards come from the lanes (``lanes``: a stat or two and one O_EXCL
+create per claim, no listing). Everything else (a dead or stalled worker's
+lease, a lease released after a failed attempt, a hole, a requeued shard) is
+found by the sweep of the worker records (``sweep``), which this worker reads
+from the shared ``state/progress.json`` at most once per refresh interval
+and re-checks by probing before it claims. Near the end of the job (the
+sweep says ``TAIL_LIMIT`` claimable shards or fewer) tail pacing (``pacing``)
+counts on the busy workers the sweep found, each re-checked. A shard whose
+attempts used up the retry budget is failed here, so a shard that keeps
+killing its workers stops the job instead of going round forever. With no
+shard left to claim, the worker may back up a late one (``speculation``).
+A terminal failure anywhere is seen at the next claim from the failed
+folder's mtime (one stat), not from a listing.
 """
 
 from __future__ import annotations
 
 import os
+import statistics
 import zlib
 from collections.abc import Callable
 
@@ -22,11 +26,37 @@ from data_juicer_elastic.job.claims import ClaimStore, Lease
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.records.attempt import load_attempt
 from data_juicer_elastic.worker.budget import fail_terminally, failure_count
+from data_juicer_elastic.worker.lanes import Lanes
 from data_juicer_elastic.worker.pacing import TAIL_LIMIT, BusyWorker, Pace, should_claim
 from data_juicer_elastic.worker.speculation import Speculation, Speculator
+from data_juicer_elastic.worker.sweep import Busy, Snapshot, SnapshotCache
 
 Held = list[tuple[str, int]]  # (shard, its latest attempt number)
-Scan = tuple[Lease | None, set[str], set[str]]  # the lease taken (if any), the done and failed shards
+Scan = tuple[Lease | None, bool, set[str]]  # the lease taken (if any), whether every shard is done, the failed shards
+
+
+def refresh_interval(job: JobDir) -> float:
+    """How old the shared snapshot may get: the poll interval, at least half a second."""
+    return max(job.manifest().policy.poll_interval_secs, 0.5)
+
+
+class FailedWatch:
+    """Terminal failures, seen from the failed folder's mtime: listed only when it changed."""
+
+    def __init__(self, job: JobDir) -> None:
+        self.job = job
+        self._mtime: float | None = None
+        self.failed: set[str] = set()
+
+    def check(self) -> set[str]:
+        try:
+            mtime = os.stat(self.job.failed_dir).st_mtime_ns
+        except FileNotFoundError:
+            return self.failed
+        if mtime != self._mtime:
+            self._mtime = mtime
+            self.failed = self.job.failed_ids()
+        return self.failed
 
 
 class ClaimChooser:
@@ -44,53 +74,116 @@ class ClaimChooser:
         self.speculator = Speculator(job, store, speculation or Speculation())
         self.max_retries = job.manifest().policy.max_retries
         self.order = [s.id for s in job.manifest().shards]
-        self._offset = zlib.crc32(f"{store.host}:{os.getpid()}".encode()) % len(self.order)
+        self.mean_bytes = sum(s.bytes for s in job.manifest().shards) / max(len(self.order), 1)
+        seed = zlib.crc32(f"{store.host}:{os.getpid()}".encode())
+        self.lanes = Lanes(job, store, self.order, seed)
+        self.snapshots = SnapshotCache(job, store, refresh_interval(job))
+        self.failures = FailedWatch(job)
         self._waiting = False  # declined to claim at the tail (logged once per stretch)
         # Seconds of claimed work this worker holds before a new claim could start (a prefetching worker's).
         self.backlog: Callable[[], float] = lambda: 0.0
-        self._declined = False  # this scan declined claimable shards (pacing): no backup either
-
-    def candidates(self) -> tuple[Held, Held, set[str], set[str]]:
-        """Never-claimed shards, shards with an attempt (live or not), and the done/failed sets."""
-        done = self.job.done_ids()
-        failed = self.job.failed_ids()
-        latest = self.store.latest_attempts()
-        ordered = self.order[self._offset :] + self.order[: self._offset]
-        free: Held = []
-        held: Held = []
-        for sid in ordered:
-            if sid in done or sid in failed:
-                continue
-            (held if latest.get(sid) else free).append((sid, latest.get(sid, 0)))
-        return free, held, done, failed
+        self.last: Snapshot | None = None  # the snapshot the last claim looked at, if any
+        self._claimed_at: float | None = None  # the shared clock at this worker's latest claim
 
     def claim_next(self) -> Scan:
-        free, held, done, failed = self.candidates()
-        if failed or len(done) == len(self.order):
-            return None, done, failed
-        if len(free) > TAIL_LIMIT:  # far from the tail: liveness is checked lazily below
-            candidates, lazy, self._declined = free + held, True, False
-        else:
-            candidates, lazy = self._at_the_tail(free, held), False
-        lease, failed_now = self._take_first(candidates, lazy)
-        if lease is None and not failed_now and not free and not self._declined:  # nothing left to claim
-            lease = self.speculator.try_backup(held, done, self.log)  # back up a late shard, if any
-        return lease, done, failed_now or failed
+        scan = self._claim_next()
+        if scan[0] is not None:
+            self._claimed_at = scan[0].claimed_at
+        return scan
 
-    def _at_the_tail(self, free: Held, held: Held) -> Held:
-        """Every lease checked now: the live ones are the busy workers pacing counts on."""
-        now = self.store.now() if held else 0.0
-        busy = [(sid, n) for sid, n in held if self.store.live_pair(sid, n, now)]
-        live = {sid for sid, _ in busy}
-        candidates = free + [(sid, n) for sid, n in held if sid not in live]
-        self._declined = bool(candidates) and not self._my_turn(len(candidates), busy, now)
-        return [] if self._declined else candidates
+    def _claim_next(self) -> Scan:
+        failed = self.failures.check()
+        if failed:
+            return None, False, failed
+        snap = self.snapshots.get() if self.pace.seconds is not None or self.lanes.exhausted else None
+        if snap is not None:
+            self.last = snap
+            if snap.complete:
+                return None, True, set()
+            if snap.failed:
+                return None, False, set(snap.failed)
+        if snap is not None and self._stale_for_pacing(snap):
+            snap = self.last = self.snapshots.get(rebuild=True)  # a pacing decision: the workers busy now
+        if not self.lanes.exhausted:
+            left = snap.fresh_left + len(snap.claimable) if snap is not None else TAIL_LIMIT + 1
+            if left > 0 and self._pacing_matters(snap, left) and not self._my_turn(left, self._busy(snap.live)):
+                return None, False, set()
+            lease = self.lanes.claim()
+            if lease is not None:
+                return lease, False, set()
+            snap = self.last = self.snapshots.get(fresh=True)
+            if snap.complete:
+                return None, True, set()
+        return self._from_the_sweep(snap)
 
-    def _take_first(self, candidates: Held, lazy: bool) -> tuple[Lease | None, set[str]]:
+    def _stale_for_pacing(self, snap: Snapshot) -> bool:
+        """At the tail, a pacing decision counts on the workers busy now: sweep again if this worker claimed
+        since the snapshot was built (or never decided at the tail), so at most once per claim of its own."""
+        if not self._pacing_matters(snap, snap.fresh_left + len(snap.claimable)):
+            return False
+        return self._claimed_at is None or snap.built_at < self._claimed_at
+
+    def _pacing_matters(self, snap: Snapshot, left: int) -> bool:
+        """Could tail pacing decline now? Only with ``left`` free shards or fewer than the workers could
+        finish before this one finishes one: at most 2 x workers x (this worker's pace over the job's)."""
+        pace = self.pace.seconds
+        if pace is None or left > TAIL_LIMIT:
+            return False
+        rate = statistics.median(snap.rates) if snap.rates else None
+        if not rate or not self.mean_bytes:
+            return True
+        slower = max(pace * rate / self.mean_bytes, 1.0)
+        return left <= 2 * max(snap.workers, 1) * slower
+
+    def _from_the_sweep(self, snap: Snapshot) -> Scan:
+        """Lanes exhausted: the shards the sweep found, each re-checked; then a backup of a late one."""
+        candidates = list(snap.claimable) + self._ended(snap.live)
+        paced = candidates and self._pacing_matters(snap, len(candidates))
+        if paced and not self._my_turn(len(candidates), self._busy(snap.live)):
+            return None, False, set()
+        lease, failed_now = self._take_first(candidates)
+        if failed_now:
+            return None, False, failed_now
+        if lease is None and not candidates:  # nothing left to claim
+            lease = self.speculator.try_backup([(b.shard, b.attempt) for b in snap.live], snap, self.log)
+        return lease, False, set()
+
+    def _ended(self, live: list[Busy]) -> Held:
+        """Attempts the sweep found live whose lease went stale or was released since (two stats each)."""
+        if not live:
+            return []
+        now = self.store.now()
+        ended = []
+        for b in live:
+            n = self.store.latest_attempt(b.shard, b.attempt)
+            if not self.store.live_pair(b.shard, n, now):
+                ended.append((b.shard, n))
+        return ended
+
+    def _busy(self, live: list[Busy]) -> list[Busy]:
+        """The sweep's live attempts that still run now (not done, lease renewed), newest record read."""
+        if not live:
+            return []
+        now = self.store.now()
+        found = []
+        for b in live:
+            if self.job.done_path(b.shard).exists():
+                continue
+            n = self.store.latest_attempt(b.shard, b.attempt)
+            if n == b.attempt and self.store.is_live(b.shard, n, now):
+                found.append(b)
+            elif n != b.attempt and self.store.live_pair(b.shard, n, now):
+                found.append(Busy(b.shard, n, "?"))
+        return found
+
+    def _take_first(self, candidates: Held) -> tuple[Lease | None, set[str]]:
         """Claim the first shard that is free, stale or released; (None, failed shards) if a budget ran out."""
-        now: float | None = None  # the shared clock, read once and only if a held shard is looked at
-        for sid, current in candidates:
-            if current and lazy:
+        now: float | None = None
+        for sid, named in candidates:
+            if self.job.done_path(sid).exists() or self.job.failed_path(sid).exists():
+                continue
+            current = self.store.latest_attempt(sid, named if self._exists(sid, named) else 0)
+            if current:
                 now = self.store.now() if now is None else now
                 if self.store.live_pair(sid, current, now):
                     continue
@@ -103,17 +196,22 @@ class ClaimChooser:
                 continue
             if self.job.done_path(sid).exists():  # finished while we looked
                 self.store.release(lease)
+                self.store.ledger.drop(sid, lease.attempt)
                 continue
             return lease, set()
         return None, set()
 
-    def _my_turn(self, claimable: int, busy: Held, now: float) -> bool:
+    def _exists(self, sid: str, attempt: int) -> bool:
+        return attempt > 0 and os.path.lexists(self.store.lease_path(sid, attempt))
+
+    def _my_turn(self, claimable: int, busy: list[Busy]) -> bool:
         """Tail pacing: False while faster busy workers would finish every claimable shard first."""
         if self.pace.seconds is None:
             return True
         workers = []
-        for sid, attempt in busy:
-            info = load_attempt(self.job.attempt_dir(sid, attempt))
+        now = self.store.now() if busy else 0.0
+        for b in busy:
+            info = load_attempt(self.job.attempt_dir(b.shard, b.attempt))
             if info and info.host == self.store.host and info.pid == self.store.pid:
                 continue  # this worker's own claims held ahead: its backlog counts them
             if info and info.pace is not None and info.claimed_at > 0 and not info.final:

@@ -30,6 +30,7 @@ import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.job.claims import ClaimStore, Lease
@@ -117,13 +118,29 @@ class RateBook:
         return self.sizes.get(sid, 0) / rate if rate else None
 
 
-def late_attempt(job: JobDir, store: ClaimStore, book: RateBook, sid: str, attempt: int, now: float) -> Late | None:
-    """Attempt ``attempt`` of ``sid`` as a ``Late`` if its record says when it was claimed (lateness not judged)."""
+def late_attempt(job: JobDir, store: ClaimStore, book: Any, sid: str, attempt: int, now: float) -> Late | None:
+    """Attempt ``attempt`` of ``sid`` as a ``Late`` if its record says when it began (lateness not judged).
+
+    Its time counts from the start of its processing (``processing_at``, the shared clock; a
+    prefetched shard waits behind another before it starts), else from its claim.
+    """
     expected = book.expected(sid)
     info = load_attempt(job.attempt_dir(sid, attempt))
     if expected is None or info is None or info.claimed_at <= 0 or not info.host:
         return None
-    return Late(sid, attempt, info.host, max(now - info.claimed_at, 0.0), expected)
+    began = info.processing_at if info.processing_at > 0 else info.claimed_at
+    return Late(sid, attempt, info.host, max(now - began, 0.0), expected)
+
+
+class SweptRates:
+    """The job's rates as the sweep summed them from the worker records (no done record is read)."""
+
+    def __init__(self, sizes: dict[str, int], rates: list[float]) -> None:
+        self.sizes = sizes
+        self.job_rate = statistics.median(rates) if rates else None
+
+    def expected(self, sid: str) -> float | None:
+        return self.sizes.get(sid, 0) / self.job_rate if self.job_rate else None
 
 
 class Speculator:
@@ -131,42 +148,48 @@ class Speculator:
 
     def __init__(self, job: JobDir, store: ClaimStore, policy: Speculation) -> None:
         self.job, self.store, self.policy = job, store, policy
-        self.book = RateBook(job)
-        self.total = len(self.book.sizes)
+        self.sizes = {s.id: s.bytes for s in job.manifest().shards}
+        self.total = len(self.sizes)
 
-    def try_backup(self, held: list[tuple[str, int]], done: set[str], log: Callable[[str], None]) -> Lease | None:
-        """Claim a backup of the latest shard among ``held`` (shard, latest attempt), or None."""
-        if not self.policy.enabled or not held or len(done) < self.policy.quantile * self.total:
+    def try_backup(self, held: list[tuple[str, int]], snap: Any, log: Callable[[str], None]) -> Lease | None:
+        """Claim a backup of the latest shard among ``held`` (shard, live attempt), or None.
+
+        ``snap`` is the sweep's snapshot (``worker.sweep.Snapshot``): shards done and the job's rates.
+        """
+        if not self.policy.enabled or not held or snap.done < self.policy.quantile * self.total:
             return None
-        self.book.update(done)
-        job_rate, mine = self.book.job_rate, self.book.own_rate(self.store.host, self.store.pid)
+        book = SweptRates(self.sizes, snap.rates)
+        job_rate, mine = book.job_rate, self.store.ledger.latest_rate()
         if job_rate is None or (mine is not None and mine * self.policy.multiplier < job_rate):
             return None  # no estimate yet, or this worker is a straggler itself
         now = self.store.now()
-        for late in sorted(self._late(held, now), key=lambda x: -x.lateness):
-            if mine is not None and self.book.sizes[late.shard] / mine > late.elapsed:
+        for late in sorted(self._late(book, held, now), key=lambda x: -x.lateness):
+            if mine is not None and self.sizes[late.shard] / mine > late.elapsed:
                 continue  # this worker would not beat an original that is late already
             lease = self.store.try_backup(late.shard, late.attempt)
             if lease is None:
                 continue
             if self.job.done_path(late.shard).exists():  # finished while we looked
                 self.store.release(lease)
+                self.store.ledger.drop(late.shard, lease.attempt)
                 continue
             log(
-                f"backing up {late.shard} attempt {late.attempt} of host={late.host}: running "
+                f"backing up attempt {late.attempt:04d} of {late.shard} on host={late.host}: running "
                 f"{late.elapsed:.1f}s, {late.lateness:.1f}x the {late.expected:.1f}s its size predicts"
             )
             return lease
         return None
 
-    def _late(self, held: list[tuple[str, int]], now: float) -> list[Late]:
+    def _late(self, book: SweptRates, held: list[tuple[str, int]], now: float) -> list[Late]:
         found = []
         for sid, attempt in held:
             if not self.store.is_live(sid, attempt, now):
                 continue
             if self.store.backup_of(sid, attempt) is not None:  # already backed up: at most one backup
                 continue
-            late = late_attempt(self.job, self.store, self.book, sid, attempt, now)
+            if self.store.backup_of(sid, attempt + 1) is not None:
+                continue
+            late = late_attempt(self.job, self.store, book, sid, attempt, now)
             if late is None or late.host == self.store.host:
                 continue
             if late.elapsed >= max(self.policy.min_secs, self.policy.multiplier * late.expected):

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from data_juicer_elastic.job.records._read import int_or, load_object, number_or_none
-from data_juicer_elastic.storage.files import atomic_write, dumps_json
+from data_juicer_elastic.job.records.workers import replace_small
+from data_juicer_elastic.storage.files import dumps_json
 
 ATTEMPT_FILE = "attempt.json"
 # Outcomes of an attempt that do not count against the retry budget: the
@@ -38,6 +39,7 @@ class AttemptRecord:
     final: bool  # the worker's limits let it claim nothing after this attempt
     backup: bool = False  # a backup of a late live attempt (speculation)
     backup_of: int | None = None  # the attempt it backs up
+    processing_at: float = 0.0  # the shared clock when its processing began, if it waited after its claim
     outcome: str | None = "running"  # None: read from a record that names none
     finished_at: float | None = None
     error: str | None = None
@@ -59,7 +61,9 @@ def attempt_file(attempt_dir: Path) -> Path:
 
 
 def write_attempt(attempt_dir: Path, record: AttemptRecord) -> None:
-    atomic_write(attempt_file(attempt_dir), dumps_json(record.to_dict()))
+    """Replace the record atomically. The file is fsynced before the rename (over sshfs a rename can otherwise
+    reach the server before the bytes, and another node reads a cut record); the folder is not."""
+    replace_small(attempt_file(attempt_dir), dumps_json(record.to_dict()), fsync=True)
 
 
 def load_attempt(attempt_dir: Path) -> AttemptRecord | None:
@@ -83,6 +87,7 @@ def load_attempt(attempt_dir: Path) -> AttemptRecord | None:
         final=bool(raw.get("final")),
         backup=raw.get("backup") is True,
         backup_of=raw.get("backup_of") if type(raw.get("backup_of")) is int else None,
+        processing_at=number_or_none(raw.get("processing_at")) or 0.0,
         outcome=outcome if isinstance(outcome, str) else None,
         finished_at=number_or_none(raw.get("finished_at")),
         error=error if isinstance(error, str) else None,

@@ -41,6 +41,7 @@ class DoneRecord:
     backup: bool = False  # the winning attempt was a backup (speculation)
     rows_in: int | None = None  # from the runner's ops.json, when it left one
     error_rows: int = 0  # rows the ops removed by raising (skip_op_error), from ops.json
+    worker: str = ""  # the worker record (``state/workers``) of the process that published it; "" before those
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -172,4 +173,5 @@ def _checked(job: JobDir, shard: str, raw: Any, path: Path | str, expected: str 
         raw.get("backup") is True,
         raw["rows_in"] if type(raw.get("rows_in")) is int else None,
         int_or(raw.get("error_rows")),
+        raw["worker"] if isinstance(raw.get("worker"), str) else "",
     )

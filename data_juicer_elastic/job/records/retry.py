@@ -25,6 +25,7 @@ class RetryRecord:
     shard: str
     after_attempt: int
     at: float
+    archived_done: int = 0  # done records of this shard archived by retries so far (the sweep subtracts them)
 
 
 def write_retry(job: JobDir, record: RetryRecord, stamp: str) -> None:
@@ -32,7 +33,8 @@ def write_retry(job: JobDir, record: RetryRecord, stamp: str) -> None:
     path = job.retry_path(record.shard)
     if path.exists():
         os.rename(path, job.history_dir / f"{stamp}-{record.shard}.retry.json")
-    atomic_write(path, dumps_json({"shard": record.shard, "after_attempt": record.after_attempt, "at": record.at}))
+    body = {"shard": record.shard, "after_attempt": record.after_attempt, "at": record.at}
+    atomic_write(path, dumps_json({**body, "archived_done": record.archived_done}))
 
 
 def retry_base(job: JobDir, shard: str) -> int:
@@ -53,6 +55,15 @@ def retry_base(job: JobDir, shard: str) -> int:
     return base
 
 
+def _archived_done(job: JobDir, shard: str) -> int:
+    try:
+        raw = load_object(job.retry_path(shard))
+    except (OSError, ValueError):
+        return 0
+    value = raw.get("archived_done", 0) if isinstance(raw, dict) else 0
+    return value if type(value) is int and value >= 0 else 0
+
+
 def requeue(job: JobDir, shard_ids: list[str] | None = None, *, all_failed: bool = False) -> list[str]:
     """Requeue shards: archive their failed/done records in state/history, reset the retry budget.
 
@@ -63,15 +74,17 @@ def requeue(job: JobDir, shard_ids: list[str] | None = None, *, all_failed: bool
         shard_ids = sorted(job.failed_ids())
     if not shard_ids:
         raise UserError("retry: name shards with --shard-id, or use --all-failed")
-    latest = claim_store(job).latest_attempts()
+    store = claim_store(job)
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
     for sid in shard_ids:
         job.shard(sid)  # validates the id
         records = [p for p in (job.failed_path(sid), job.done_path(sid)) if p.exists()]
+        latest = store.latest_attempt(sid)
         if not records:
-            state = "running" if latest.get(sid) else "pending"
+            state = "running" if latest else "pending"
             raise UserError(f"retry: shard {sid} is {state}, not failed or done; nothing to requeue")
-        write_retry(job, RetryRecord(sid, latest.get(sid, 0), time.time()), stamp)
+        archived = _archived_done(job, sid) + (job.done_path(sid) in records)
+        write_retry(job, RetryRecord(sid, latest, time.time(), archived), stamp)
         for path in records:
             os.rename(path, job.history_dir / f"{stamp}-{sid}.{path.parent.name}.json")
     return list(shard_ids)

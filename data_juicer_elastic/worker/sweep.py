@@ -1,0 +1,305 @@
+"""The job's state without listing the done or claims folders: a sweep of the worker records.
+
+A sweep lists ``state/workers`` (one file per worker process, so O(processes)),
+reads each record and probes the attempts they name: done (its record names
+that attempt and worker: counted), live (a busy worker, for tail pacing and
+speculation), or claimable (stale, released, or a hole: named but never
+created). Requeued shards (``state/retry``, written by ``dj-elastic retry``) are
+looked at too. The lane hints say how many never-claimed shards are left.
+
+    done = sum of the records' ``published`` + pairs whose done record names them
+           - done records archived by ``retry``
+
+Only when that count says the job is unfinished while nothing is live,
+claimable or fresh (a job dir written before worker records, or records
+lost) does the sweep fall back to listing ``state/done`` and ``state/claims``
+once; the fallback is what makes an old job dir run, and it repeats at most
+once per lock timeout.
+
+The result, a ``Snapshot``, is shared through ``state/progress.json``:
+whoever finds it older than the refresh interval rebuilds it (one process
+wins ``state/progress.d/<seq>`` O_EXCL and writes the next one), everybody
+else reads one small file. So a progress tick, a waiting process's poll and
+an idle worker's poll cost O(1) calls each, and the sweep's O(processes)
+is paid once per interval for the whole job.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass, field
+
+import orjson
+
+from data_juicer_elastic.job.claims import ClaimStore
+from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.job.records._read import int_or, number_or_none
+from data_juicer_elastic.job.records.attempt import load_attempt
+from data_juicer_elastic.job.records.workers import load_workers, read_small, replace_small
+from data_juicer_elastic.storage.files import create_exclusive
+from data_juicer_elastic.worker.lanes import fresh_left
+
+Held = tuple[str, int]
+
+
+@dataclass
+class Busy:
+    """A live attempt: who runs it and what its attempt record says (for pacing and speculation)."""
+
+    shard: str
+    attempt: int
+    host: str
+    pid: int = 0
+    claimed_at: float = 0.0
+    pace: float | None = None
+    final: bool = False
+    backup: bool = False  # this attempt is a backup (speculation)
+    age: float = 0.0  # seconds since its lease was renewed, by the shared clock
+
+
+@dataclass
+class Snapshot:
+    seq: int
+    built_at: float  # the shared clock
+    total: int
+    done: int
+    fresh_left: int
+    live: list[Busy] = field(default_factory=list)
+    claimable: list[Held] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    input_rows_done: int = 0
+    output_rows: int = 0
+    error_rows: int = 0
+    first_start: float | None = None
+    last_finish: float | None = None
+    rates: list[float] = field(default_factory=list)  # recent input bytes per second per shard, all workers
+    workers: int = 0
+    exact: bool = False  # counted from a listing of state/done (the fallback)
+    legacy_done: int = 0  # done records no worker record counts (a job dir run before worker records)
+    fallback_at: float = 0.0  # the shared clock when the listing fallback last ran
+
+    @property
+    def complete(self) -> bool:
+        return self.done >= self.total
+
+    def to_bytes(self) -> bytes:
+        return orjson.dumps(asdict(self))
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Snapshot | None:
+        try:
+            raw = orjson.loads(data)
+            raw["live"] = [Busy(**b) for b in raw.get("live", [])]
+            raw["claimable"] = [(s, int(n)) for s, n in raw.get("claimable", [])]
+            return cls(**raw)
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return None
+
+
+def build(job: JobDir, store: ClaimStore, previous: Snapshot | None = None, lean: bool = False) -> Snapshot:
+    """Sum the worker records and probe what they name (see the module docstring).
+
+    ``lean`` (a tail pacing decision, which needs the busy workers now) keeps the previous count of
+    fresh shards instead of reading every lane's hint.
+    """
+    manifest = job.manifest()
+    rows = {s.id: s.rows for s in manifest.shards}
+    total = len(rows)
+    now = store.now()
+    records = load_workers(job.workers_dir)
+    left = previous.fresh_left if lean and previous is not None else fresh_left(job, total)
+    snap = Snapshot(seq=0, built_at=now, total=total, done=0, fresh_left=left)
+    snap.workers = len(records)
+    counted = 0
+    latest: dict[str, int] = {}  # shard -> the highest attempt any record names
+    # (shard, attempt) -> {worker: (host, pid)}: two records may name one attempt (a create lost to another)
+    owner: dict[tuple[str, int], dict[str, tuple[str, int]]] = {}
+    for r in records:
+        snap.done += r.published
+        snap.input_rows_done += r.input_rows
+        snap.output_rows += r.output_rows
+        snap.error_rows += r.error_rows
+        snap.rates.extend(r.rates)
+        if r.first_start is not None:
+            snap.first_start = r.first_start if snap.first_start is None else min(snap.first_start, r.first_start)
+        if r.last_finish is not None:
+            snap.last_finish = r.last_finish if snap.last_finish is None else max(snap.last_finish, r.last_finish)
+        for sid, attempt in r.pairs:
+            if sid in rows:
+                latest[sid] = max(latest.get(sid, 0), attempt)
+                owner.setdefault((sid, attempt), {})[r.worker] = (r.host, r.pid)
+    archived, requeued = _requeued(job)
+    snap.done -= archived
+    for sid, after in requeued.items():
+        if sid in rows and sid not in latest:
+            latest[sid] = after
+    sizes = {s.id: s.bytes for s in manifest.shards}
+    for sid, named in sorted(latest.items()):
+        done = _done_of(job, sid)
+        if done is not None:
+            attempt, worker = int_or(done.get("attempt")), str(done.get("worker") or "")
+            if worker in owner.get((sid, attempt), {}):
+                counted += 1
+                _add_done(snap, done, rows[sid], sizes[sid])
+            continue
+        _place(store, snap, sid, named, now)
+    snap.done += counted
+    snap.legacy_done = previous.legacy_done if previous else 0
+    snap.done += snap.legacy_done
+    snap.failed = sorted(job.failed_ids()) if job.failed_dir.exists() else []
+    snap.fallback_at = previous.fallback_at if previous else 0.0
+    if _needs_fallback(snap, store, now):
+        _fallback(job, store, snap, now)
+    snap.done = min(max(snap.done, 0), total)
+    return snap
+
+
+def _place(store: ClaimStore, snap: Snapshot, sid: str, named: int, now: float) -> None:
+    """A shard that is not done: its latest attempt is live (busy) or claimable."""
+    n = named if os.path.lexists(store.lease_path(sid, named)) else named - 1  # a hole: named, never created
+    n = store.latest_attempt(sid, max(n, 0))
+    if n == 0:
+        snap.claimable.append((sid, 0))
+        return
+    live = [a for a in (n, n - 1) if a > 0 and store.is_live(sid, a, now)]
+    if live and (live[0] == n or store.backup_of(sid, n) is not None):
+        for a in live:
+            snap.live.append(_busy(store, sid, a, now))
+        return
+    snap.claimable.append((sid, n))
+
+
+def _busy(store: ClaimStore, sid: str, attempt: int, now: float) -> Busy:
+    info = load_attempt(store.job.attempt_dir(sid, attempt))
+    age = store.heartbeat_age(sid, attempt, now) or 0.0
+    if info is None:
+        lease = store.read_lease(sid, attempt) or {}
+        return Busy(sid, attempt, str(lease.get("host", "?")), int(lease.get("pid") or 0), age=age)
+    return Busy(sid, attempt, info.host, info.pid, info.claimed_at, info.pace, info.final, info.backup, age)
+
+
+def _done_of(job: JobDir, sid: str) -> dict | None:
+    """The shard's done record as written; None if it has none ({} if unreadable: done, counted by nobody)."""
+    data = read_small(job.done_path(sid))
+    if data is None:
+        return None
+    try:
+        raw = orjson.loads(data)
+    except ValueError:
+        return {}
+    return raw if isinstance(raw, dict) else {}
+
+
+def _add_done(snap: Snapshot, done: dict, rows: int, size: int) -> None:
+    """A done shard its worker's record does not sum yet (published since the record's last rewrite)."""
+    snap.input_rows_done += rows
+    snap.output_rows += int_or(done.get("rows"))
+    snap.error_rows += int_or(done.get("error_rows"))
+    start, end = number_or_none(done.get("started_at")), number_or_none(done.get("finished_at"))
+    if start is not None and end is not None and end > start:
+        snap.rates.append(size / (end - start))
+        snap.first_start = start if snap.first_start is None else min(snap.first_start, start)
+        snap.last_finish = end if snap.last_finish is None else max(snap.last_finish, end)
+
+
+def _requeued(job: JobDir) -> tuple[int, dict[str, int]]:
+    """(done records archived by retry, in all; requeued shard -> the attempt after which it starts again)."""
+    try:
+        names = os.listdir(job.retry_dir)
+    except FileNotFoundError:
+        return 0, {}
+    archived, found = 0, {}
+    for name in names:
+        if not name.endswith(".json") or name.startswith("."):
+            continue
+        data = read_small(job.retry_dir / name)
+        try:
+            raw = orjson.loads(data) if data else {}
+            after = raw.get("after_attempt", 0)
+            archived += int(raw.get("archived_done", 0))
+        except (ValueError, TypeError, AttributeError):
+            continue
+        if type(after) is int:
+            found[name[:-5]] = after
+    return archived, found
+
+
+def _needs_fallback(snap: Snapshot, store: ClaimStore, now: float) -> bool:
+    quiet = not snap.live and not snap.claimable and not snap.failed and snap.fresh_left == 0
+    return not snap.complete and quiet and now - snap.fallback_at >= store.lock_timeout
+
+
+def _fallback(job: JobDir, store: ClaimStore, snap: Snapshot, now: float) -> None:
+    """List state/done and state/claims once: exact count, and leases no worker record names."""
+    done = job.done_ids()
+    # quiet: nothing is live, so nothing was published between the records' read and this listing
+    snap.legacy_done = max(snap.legacy_done + len(done) - snap.done, 0)
+    snap.done, snap.exact, snap.fallback_at = len(done), True, now
+    failed = job.failed_ids()
+    for sid, n in sorted(store.latest_attempts().items()):
+        if sid not in done and sid not in failed:
+            _place(store, snap, sid, n, now)
+    for spec in job.manifest().shards:  # never claimed and behind every lane's hint (a hole of an old job dir)
+        fresh = spec.id not in done and not os.path.lexists(store.lease_path(spec.id, 1))
+        if fresh and (spec.id, 0) not in snap.claimable:
+            snap.claimable.append((spec.id, 0))
+
+
+class SnapshotCache:
+    """This process's view of ``state/progress.json``: read at most once per interval, rebuilt when old."""
+
+    def __init__(self, job: JobDir, store: ClaimStore, interval: float) -> None:
+        self.job, self.store, self.interval = job, store, interval
+        self.snap: Snapshot | None = None
+        self._read_at = -1e18  # local monotonic time of the last read
+        self._seen: tuple[int, float] | None = None  # (seq, local time it was first seen)
+
+    @property
+    def locks(self):
+        return self.job.state_dir / "progress.d"
+
+    def get(self, fresh: bool = False, rebuild: bool = False) -> Snapshot:
+        """The snapshot; ``fresh`` reads the file again even within the interval; ``rebuild`` sweeps now.
+
+        A tail pacing decision asks for ``rebuild``: it must count on the workers busy now.
+        """
+        now = time.monotonic()
+        if self.snap is not None and not (fresh or rebuild) and now - self._read_at < self.interval:
+            return self.snap
+        self._read_at = now
+        data = read_small(self.job.progress_path)
+        snap = Snapshot.from_bytes(data) if data else None
+        if snap is not None and (self._seen is None or self._seen[0] != snap.seq):
+            age = max(self.store.now() - snap.built_at, 0.0) if self._seen is None else 0.0  # first sight
+            self._seen = (snap.seq, now - age)
+        if snap is None or rebuild or now - self._seen[1] >= self.interval:  # nobody rebuilt it for an interval
+            snap = self._rebuild(snap, now, rebuild) or (
+                build(self.job, self.store, snap, rebuild) if rebuild else snap
+            )
+        if snap is None:  # no file and another process is rebuilding it: sweep for ourselves
+            snap = build(self.job, self.store)
+        self.snap = snap
+        return snap
+
+    def _rebuild(self, old: Snapshot | None, now: float, lean: bool = False) -> Snapshot | None:
+        seq = (old.seq if old else 0) + 1
+        waited = 0 if self._seen is None else int((now - self._seen[1]) // max(self.store.lock_timeout, 1.0))
+        name = f"{seq}" if waited < 1 else f"{seq}.{waited}"  # a rebuilder that died leaves its lock behind
+        try:
+            won = create_exclusive(self.locks / name, b"")
+        except FileNotFoundError:
+            self.locks.mkdir(parents=True, exist_ok=True)
+            won = create_exclusive(self.locks / name, b"")
+        if not won:
+            return None
+        snap = build(self.job, self.store, old, lean)
+        snap.seq = seq
+        replace_small(self.job.progress_path, snap.to_bytes())
+        self._seen = (seq, time.monotonic())
+        for stale in (f"{seq - 1}", f"{seq - 1}.{waited}"):
+            try:
+                os.unlink(self.locks / stale)
+            except OSError:
+                pass
+        return snap
