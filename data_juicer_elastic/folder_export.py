@@ -54,7 +54,7 @@ from data_juicer_elastic.storage.files import (
 SUCCESS = "_SUCCESS"
 FORMAT = "data-juicer-elastic folder export"
 VERSION = 1
-PART_RE = re.compile(r"^part-\d{5}-of-\d{5}\.jsonl$")
+PART_RE = re.compile(r"^part-\d{5,}-of-\d{5,}\.jsonl$")
 # link() errors that mean "no hard link here" (another file system, a file system without them): copy instead
 _NO_LINK = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS}
 

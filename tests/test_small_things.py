@@ -98,3 +98,14 @@ def test_longest_line_is_exact_for_long_lines(tmp_path):
     short = tmp_path / "short.jsonl"
     short.write_bytes(b'{"a": 1}\n' * 300_000)
     assert block_size_for(str(short)) is None  # the reader's default block holds every line
+
+
+def test_shard_ids_past_99999_are_shard_ids_and_part_names():
+    """A 100,000-shard job names shards with six digits (``:05d`` is a minimum width)."""
+    from data_juicer_elastic.folder_export import PART_RE
+    from data_juicer_elastic.job.layout import SHARD_ID_RE, shard_id
+
+    for index, count in ((0, 16), (99_999, 100_000), (100_000, 100_001)):
+        sid = shard_id(index, count)
+        assert SHARD_ID_RE.match(sid) and int(SHARD_ID_RE.match(sid).group(1)) == index
+        assert PART_RE.match(f"{sid}.jsonl")

@@ -48,7 +48,7 @@ from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.job.manifest import LEGACY_SCHEMA, Manifest, Policy, ShardSpec, manifest_digest
 from data_juicer_elastic.storage.files import create_exclusive, read_json
 
-SHARD_ID_RE = re.compile(r"^part-(\d{5})-of-(\d{5})$")
+SHARD_ID_RE = re.compile(r"^part-(\d{5,})-of-(\d{5,})$")
 GENERATION_RE = re.compile(r"^[0-9a-f]{16}$")
 GENERATIONS = "generations"
 DJ_WORK = "dj-work"  # Data-Juicer's work dir of the dj-process runs on this job
