@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from data_juicer_elastic.errors import IntegrityError, UserError
+from data_juicer_elastic.job.attempt_files import AttemptDir
 from data_juicer_elastic.job.manifest import LEGACY_SCHEMA, Manifest, Policy, ShardSpec, manifest_digest
 from data_juicer_elastic.storage.files import create_exclusive, read_json
 
@@ -291,7 +292,7 @@ class JobDir:
         return self.attempts_dir / sid / attempt_name(attempt)
 
     def attempt_output(self, sid: str, attempt: int) -> Path:
-        return self.attempt_dir(sid, attempt) / "processed.jsonl"
+        return self.attempt_dir(sid, attempt) / AttemptDir.OUTPUT
 
     def confine(self, rel: str, what: str = "path") -> Path:
         return confine(self.root, rel, what)

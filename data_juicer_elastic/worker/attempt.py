@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from data_juicer_elastic.errors import ElasticError, IntegrityError, PermanentError, one_line
+from data_juicer_elastic.job.attempt_files import AttemptDir
 from data_juicer_elastic.job.claims import ClaimStore, Lease, heartbeat
 from data_juicer_elastic.job.layout import JobDir, attempt_name
 from data_juicer_elastic.job.manifest import Policy
@@ -34,7 +35,7 @@ from data_juicer_elastic.worker.outputs import OutputDigest, inspect_output
 from data_juicer_elastic.worker.runner import Runner
 from data_juicer_elastic.worker.signals import Interrupted, received
 
-OPS_NAME = "ops.json"  # per-op row counts a runner leaves in the attempt dir (see plugin/opcounts)
+OPS_NAME = AttemptDir.OPS  # per-op row counts a runner leaves in the attempt dir (see ray_runner/op_counts)
 
 
 class ShardMismatch(IntegrityError):
@@ -64,7 +65,7 @@ class Attempt:
         self.stopper = stopper or RunnerStopper()
         self.job, self.store, self.lease, self.runner, self.policy, self.log = job, store, lease, runner, policy, log
         self.adir = job.attempt_dir(lease.shard, lease.attempt)
-        self.output = self.adir / "processed.jsonl"
+        self.output = self.adir / AttemptDir.OUTPUT
         self.name = f"{lease.shard} attempt {attempt_name(lease.attempt)}"
         self.record = AttemptRecord(
             shard=lease.shard,
@@ -203,7 +204,7 @@ class Attempt:
 
     def _failed(self, exc: Exception, terminal: bool = False) -> str:
         error = one_line(f"{type(exc).__name__}: {exc}")  # the whole traceback goes to process.log
-        with open(self.adir / "process.log", "a", encoding="utf-8") as f:
+        with open(self.adir / AttemptDir.LOG, "a", encoding="utf-8") as f:
             f.write("\n" + "".join(traceback.format_exception(exc)))
         self._end("failed", error)
         failures = failure_count(self.job, self.lease.shard, self.lease.attempt)

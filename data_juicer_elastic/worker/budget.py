@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 
+from data_juicer_elastic.job.attempt_files import AttemptDir
 from data_juicer_elastic.job.claims import RELEASED_MTIME, lease_backup_of, lease_name
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.records.attempt import counts_as_failure, load_attempt
@@ -37,6 +38,6 @@ def _released(job: JobDir, shard: str, attempt: int) -> bool:
 
 def fail_terminally(job: JobDir, shard: str, attempt: int, host: str, error: str) -> None:
     """Publish the shard's failed record: the job stops until ``dj-elastic retry`` requeues it."""
-    log = str((job.attempt_dir(shard, attempt) / "process.log").relative_to(job.root))
+    log = str((job.attempt_dir(shard, attempt) / AttemptDir.LOG).relative_to(job.root))
     failures = failure_count(job, shard, attempt)
     publish_failed(job, FailedRecord(shard, attempt, host, os.getpid(), error, log, failures, time.time()))

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from data_juicer_elastic.errors import IntegrityError, UserError
+from data_juicer_elastic.job.attempt_files import AttemptDir
 from data_juicer_elastic.job.claims import ClaimStore, Lease
 from data_juicer_elastic.job.layout import JobDir, attempt_name
 from data_juicer_elastic.job.records.attempt import AttemptRecord, write_attempt
@@ -49,7 +50,7 @@ def give_back(
     adir = job.attempt_dir(sid, attempt)
     if _published_attempt(job, sid) != attempt:
         steps = (
-            lambda: (adir / "processed.jsonl").unlink(missing_ok=True),  # frees the space it took
+            lambda: (adir / AttemptDir.OUTPUT).unlink(missing_ok=True),  # frees the space it took
             lambda: write_attempt(adir, record.finish("no-space", f"no space left on device writing {exc.path}")),
         )
         for step in steps:

@@ -147,8 +147,12 @@ class Worker:
         From the sweep's snapshot the claim just looked at: no lease is listed or read here.
         """
         snap = self.chooser.last
+        freshest = {}  # a shard with a running backup holds two live attempts: it is one shard to wait for
+        for b in snap.live if snap else []:
+            if b.shard not in freshest or b.age < freshest[b.shard].age:
+                freshest[b.shard] = b
         waits = []
-        for b in sorted(snap.live if snap else [], key=lambda b: (b.shard, b.attempt)):
+        for b in sorted(freshest.values(), key=lambda b: b.shard):
             free_at = time.strftime("%H:%M:%S", time.localtime(time.time() + self.policy.lock_timeout_secs - b.age))
             waits.append(
                 (b.shard, f"{b.shard} (host={b.host}, renewed {b.age:.0f}s ago, free at {free_at} unless renewed)")

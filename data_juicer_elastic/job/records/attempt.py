@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from data_juicer_elastic.job.attempt_files import AttemptDir
 from data_juicer_elastic.job.records._read import int_or, load_object, number_or_none
 from data_juicer_elastic.job.records.workers import replace_small
 from data_juicer_elastic.storage.files import dumps_json
 
-ATTEMPT_FILE = "attempt.json"
+ATTEMPT_FILE = AttemptDir.RECORD
 # Outcomes of an attempt that do not count against the retry budget: the
 # worker was told to stop, it stalled and someone else took the shard, its
 # backup (or the original it backed up) finished first, or the disk was full.
