@@ -6,7 +6,6 @@ import time
 from dataclasses import dataclass, field
 
 from data_juicer_elastic.errors import IntegrityError, one_line
-from data_juicer_elastic.job.attempt_files import AttemptDir
 from data_juicer_elastic.job.claims import ClaimStore, claim_store
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.manifest import Manifest
@@ -16,7 +15,6 @@ from data_juicer_elastic.job.records.failed import load_failed
 from data_juicer_elastic.worker.speculation import RateBook, late_attempt
 
 STATES = ("pending", "running", "stale", "done", "failed")
-OPS_NAME = AttemptDir.OPS  # per-op row counts a runner leaves in the attempt dir (see ray_runner/op_counts)
 
 
 @dataclass

@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from data_juicer_elastic.errors import ElasticError
+from data_juicer_elastic.job.attempt_files import AttemptDir
 from data_juicer_elastic.job.claims import RELEASED_MTIME, lease_name, parse_lease_name
 from data_juicer_elastic.job.layout import JobDir, attempt_name
 from data_juicer_elastic.job.manifest import Manifest
 from data_juicer_elastic.job.records.attempt import load_attempt
 from data_juicer_elastic.job.records.done import DoneRecord, load_done_many
-from data_juicer_elastic.status import OPS_NAME, first_line
+from data_juicer_elastic.status import first_line
 from data_juicer_elastic.storage.files import read_record
 
 OUTCOMES = ("done", "failed", "lost", "lost-race", "superseded", "running", "stopped")
@@ -179,7 +180,7 @@ def _record_ids(folder: Path) -> set[str]:
 def _from_done(rec: DoneRecord, attempts_dir: str, relative: str) -> Attempt:
     """A shard's one attempt, from its done record (the same host, pid and times as its attempt.json)."""
     name = attempt_name(rec.attempt)
-    ops = read_record(f"{attempts_dir}{rec.shard}{os.sep}{name}{os.sep}{OPS_NAME}")
+    ops = read_record(f"{attempts_dir}{rec.shard}{os.sep}{name}{os.sep}{AttemptDir.OPS}")
     return Attempt(
         shard=rec.shard,
         attempt=rec.attempt,
@@ -263,7 +264,7 @@ def read_attempt(job: JobDir, sid: str, n: int, now: float, notes: list[str]) ->
         live = beat is not None and now - beat < _lock_timeout(job)
         outcome = "running" if live else "lost"
         end = now if live else max(beat or start, start)
-    ops = read_record(adir / OPS_NAME)
+    ops = read_record(adir / AttemptDir.OPS)
     a = Attempt(
         shard=sid,
         attempt=n,

@@ -35,8 +35,6 @@ from data_juicer_elastic.worker.outputs import OutputDigest, inspect_output
 from data_juicer_elastic.worker.runner import Runner
 from data_juicer_elastic.worker.signals import Interrupted, received
 
-OPS_NAME = AttemptDir.OPS  # per-op row counts a runner leaves in the attempt dir (see ray_runner/op_counts)
-
 
 class ShardMismatch(IntegrityError):
     """The shard file is not what the manifest says: edited or truncated after prepare."""
@@ -260,7 +258,7 @@ def verified_shard(job: JobDir, sid: str) -> Path:
 
 def op_totals(adir: Path) -> dict:
     """Rows in and rows removed by op errors from the runner's ``ops.json`` (none: a runner that counts nothing)."""
-    ops = read_record(adir / OPS_NAME)
+    ops = read_record(adir / AttemptDir.OPS)
     return {k: ops[k] for k in ("rows_in", "error_rows") if type(ops.get(k)) is int}
 
 

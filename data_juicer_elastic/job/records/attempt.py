@@ -20,7 +20,6 @@ from data_juicer_elastic.job.records._read import int_or, load_object, number_or
 from data_juicer_elastic.job.records.workers import replace_small
 from data_juicer_elastic.storage.files import dumps_json
 
-ATTEMPT_FILE = AttemptDir.RECORD
 # Outcomes of an attempt that do not count against the retry budget: the
 # worker was told to stop, it stalled and someone else took the shard, its
 # backup (or the original it backed up) finished first, or the disk was full.
@@ -58,7 +57,7 @@ class AttemptRecord:
 
 
 def attempt_file(attempt_dir: Path) -> Path:
-    return attempt_dir / ATTEMPT_FILE
+    return attempt_dir / AttemptDir.RECORD
 
 
 def write_attempt(attempt_dir: Path, record: AttemptRecord) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from data_juicer_elastic.errors import IntegrityError
+from data_juicer_elastic.job.attempt_files import AttemptDir
 from data_juicer_elastic.job.layout import JobDir, attempt_name
 from data_juicer_elastic.job.records._read import MISSING, int_or, load_object, number_or_none
 from data_juicer_elastic.storage.files import dumps_json, publish_once
@@ -114,7 +115,9 @@ def load_done_many(job: JobDir, shards: Iterable[str]) -> dict[str, DoneRecord |
             continue
         attempt = raw.get("attempt") if isinstance(raw, dict) else None
         expected = (
-            f"{attempts}{shard}{os.sep}{attempt_name(attempt)}{os.sep}processed.jsonl" if type(attempt) is int else ""
+            f"{attempts}{shard}{os.sep}{attempt_name(attempt)}{os.sep}{AttemptDir.OUTPUT}"
+            if type(attempt) is int
+            else ""
         )
         try:
             found[shard] = _checked(job, shard, raw, path, expected)
