@@ -11,7 +11,7 @@ import orjson
 MISSING = object()
 
 
-def read_bytes(path: Path, flags: int = 0) -> bytes:
+def read_bytes(path: Path | str, flags: int = 0) -> bytes:
     """A small file's bytes in as few calls as the OS allows (open, read, read, close). Raises OSError."""
     fd = os.open(path, os.O_RDONLY | flags)
     try:

@@ -21,7 +21,7 @@ import orjson
 from data_juicer_elastic.errors import IntegrityError
 from data_juicer_elastic.job.attempt_files import AttemptDir
 from data_juicer_elastic.job.layout import JobDir, attempt_name
-from data_juicer_elastic.job.records._read import MISSING, int_or, load_object, number_or_none
+from data_juicer_elastic.job.records._read import MISSING, int_or, load_object, number_or_none, read_bytes
 from data_juicer_elastic.storage.files import dumps_json, publish_once
 
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -105,7 +105,7 @@ def load_done_many(job: JobDir, shards: Iterable[str]) -> dict[str, DoneRecord |
     for shard in shards:
         path = f"{done_dir}{shard}.json"
         try:
-            raw = orjson.loads(_read_small(path))
+            raw = orjson.loads(read_bytes(path))
         except FileNotFoundError:
             continue
         except (OSError, ValueError) as exc:
@@ -124,18 +124,6 @@ def load_done_many(job: JobDir, shards: Iterable[str]) -> dict[str, DoneRecord |
         except IntegrityError as exc:
             found[shard] = exc
     return found
-
-
-def _read_small(path: str) -> bytes:
-    """A record's bytes in one read (a done record is a few hundred bytes)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        chunks = [os.read(fd, 1 << 16)]
-        while len(chunks[-1]) == 1 << 16:
-            chunks.append(os.read(fd, 1 << 16))
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
 
 
 def _checked(job: JobDir, shard: str, raw: Any, path: Path | str, expected: str | None = None) -> DoneRecord:
