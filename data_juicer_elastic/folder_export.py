@@ -262,9 +262,3 @@ def _check_part(folder: Path, part: Any, buf: bytearray) -> list[str]:
     if not diffs:
         return []
     return [f"{path}: does not match {SUCCESS} ({'; '.join(diffs)}); it changed after the export: export the job again"]
-
-
-def stamp(folder: Path) -> dict[str, int]:
-    """What ``merged_already`` compares: ``_SUCCESS``'s size, mtime and inode."""
-    st = os.stat(folder / SUCCESS)
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}

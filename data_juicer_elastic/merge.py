@@ -28,7 +28,6 @@ from data_juicer_elastic.folder_export import (
     export_folder,
     is_folder_export,
     shard_entry,
-    stamp,
     verify_folder,
 )
 from data_juicer_elastic.job.layout import JobDir
@@ -217,14 +216,14 @@ def merged_already(job: JobDir, output: str) -> dict | None:
     if folder != is_folder_export(output):
         return None
     try:
-        st = os.stat(os.path.join(out, SUCCESS) if folder else out)
+        st = _stat_of(_stamped(out, folder))
     except OSError:
         return None
     if folder:
         remove_dead_temps_in(out)
     else:
         remove_dead_temps(out)
-    if (st.st_size, st.st_mtime_ns, st.st_ino) != (stat.get("size"), stat.get("mtime_ns"), stat.get("ino")):
+    if st != {k: stat.get(k) for k in st}:
         return None
     merged = [(s.get("shard"), s.get("attempt"), s.get("sha256")) for s in record["shards"] if isinstance(s, dict)]
     shards = [spec.id for spec in job.manifest().shards]
@@ -336,7 +335,12 @@ def _copy_one(
     return got.rows, got.bytes
 
 
-def _stat_of(path: Path) -> dict[str, int]:
+def _stamped(out: str | Path, folder: bool) -> str:
+    """The file whose size, mtime and inode stand for the output: a folder export's ``_SUCCESS``, else the file."""
+    return os.path.join(out, SUCCESS) if folder else str(out)
+
+
+def _stat_of(path: str | Path) -> dict[str, int]:
     st = os.stat(path)
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}
 
@@ -362,7 +366,7 @@ def _record(
                 "rows": rows,
                 "bytes": size,
                 "sha256": sha,
-                "output_stat": stamp(out) if kind == "folder" else _stat_of(out),
+                "output_stat": _stat_of(_stamped(out, kind == "folder")),
                 "shards": [shard_entry(r) for r, _ in records],
                 "started_at": started_at,
                 "finished_at": time.time(),
