@@ -24,6 +24,12 @@ Per shard, in the Ray shard runner (ray_runner/), checked once when it starts:
 * ``Mapper.process``, ``Filter.compute_stats`` / ``process`` of each op instance:
   wrapped to count rows, inside Data-Juicer's own ``catch_map_*_exception``.
 
+What the patches call is handed to them by the layer that owns it, never imported
+from it: the activation hook (plugin/hook.py) passes plugin/front_door.py's
+functions as a :class:`FrontDoor` to the parse-time patches, and the shard
+runner passes ray_runner/op_counts/hooks.py's counters as an :class:`OpCounting`
+to the per-shard ones. So this module imports nothing above it (tests/test_layers.py).
+
 Built-in executor types go through Data-Juicer's code unchanged. On another
 Data-Juicer version nothing is patched (``strict``) and a recipe asking for
 ``elastic_shard`` is stopped with a message that says so. docs/UPSTREAM.md
@@ -37,12 +43,13 @@ import inspect
 import sys
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 from data_juicer_elastic.errors import ElasticError
 from data_juicer_elastic.patches import apply, declare
-from data_juicer_elastic.plugin.schema import NAME
 
 HOST = "py-data-juicer"
 VERSIONS = ">=1.6,<1.7"
@@ -95,6 +102,38 @@ OP_CALLS = _declare(
 )
 
 
+@dataclass(frozen=True)
+class FrontDoor:
+    """What the parse-time patches call, passed in by the activation hook (plugin/front_door.py owns it)."""
+
+    name: str  # the executor type this package registers (elastic_shard)
+    extend_parser: Callable[[Any], Any]  # (parser) -> parser with the registered types and the typed keys
+    before_setup: Callable[[Any, Any], None]  # (cfg, normalize) before Data-Juicer's setup
+    after_setup: Callable[[Any], None]  # (cfg) after it
+    shows_config_table: Callable[[Any], bool]  # (cfg)
+    registered_executor: Callable[[str], Any]  # (executor_type) -> a registered executor class, None for the rest
+    is_registered_type: Callable[[Any], bool]  # (cfg)
+    run_registered: Callable[[Any, Any, float], int]  # (timing_context, cfg, started) -> exit code
+    report: Callable[[ElasticError], int]  # (error) -> exit code, after writing it
+
+
+@dataclass(frozen=True)
+class OpCounting:
+    """How an op counts its rows, passed in by the shard runner (ray_runner/op_counts/hooks.py owns it).
+
+    The patches below know where in Data-Juicer an op's rows go by; these say what is counted and where to.
+    """
+
+    target: Callable[[str | None, int], Any]  # (sink, op index) -> where that op's counts go
+    planning: Callable[[Any], AbstractContextManager[None]]  # (target or None) around planning an op's stages
+    counting: Callable[[Callable, Any, Callable], Callable]  # (method, target, measure) -> the method, counting
+    noting_errors: Callable[[Callable, bool, Any], Callable]  # (method, batched, target) -> counting a raise
+    mapped: Callable  # the measures: a Mapper's process,
+    entered: Callable  # a Filter's compute_stats,
+    kept: Callable  # a batched Filter's process,
+    kept_one: Callable  # a per-sample Filter's process
+
+
 def data_juicer_version() -> str:
     module = sys.modules.get("data_juicer")
     return str(getattr(module, "__version__", "unknown"))
@@ -111,24 +150,24 @@ def _replace(owner: Any, name: str, new: Callable, stored: Any = None) -> bool:
     return getattr(owner, name) is new
 
 
-def _asks_for_elastic(argv: list[str]) -> bool:
-    """Cheap guess whether this process wants elastic_shard (argv or the --config file mention it)."""
-    if any(NAME in a for a in argv):
+def _asks_for_elastic(argv: list[str], name: str) -> bool:
+    """Cheap guess whether this process wants executor type ``name`` (argv or the --config file mention it)."""
+    if any(name in a for a in argv):
         return True
     for i, arg in enumerate(argv[:-1]):
         if arg == "--config":
             try:
                 with open(argv[i + 1], encoding="utf-8", errors="replace") as f:
-                    return NAME in f.read()
+                    return name in f.read()
             except OSError:
                 return False
     return False
 
 
-def _refuse_unsupported() -> None:
-    if _asks_for_elastic(sys.argv[1:]):
+def _refuse_unsupported(name: str) -> None:
+    if _asks_for_elastic(sys.argv[1:], name):
         sys.stderr.write(
-            f"data-juicer-elastic: executor_type {NAME} needs Data-Juicer {SUPPORTED_PREFIX}x, "
+            f"data-juicer-elastic: executor_type {name} needs Data-Juicer {SUPPORTED_PREFIX}x, "
             f"found {data_juicer_version()}; install py-data-juicer>=1.6,<1.7 "
             "(or set DJ_ELASTIC_DISABLE=1 to run without the plugin)\n"
         )
@@ -136,11 +175,9 @@ def _refuse_unsupported() -> None:
 
 
 # data_juicer.config.config ----------------------------------------------------------------
-def patch_config(module: ModuleType) -> bool:
+def patch_config(module: ModuleType, front_door: FrontDoor) -> bool:
     if not supported():
-        _refuse_unsupported()
-    from data_juicer_elastic.plugin import front_door
-
+        _refuse_unsupported(front_door.name)
     version = data_juicer_version()
     build_base_parser = module.build_base_parser
     init_setup_from_cfg = module.init_setup_from_cfg
@@ -168,19 +205,14 @@ def patch_config(module: ModuleType) -> bool:
 
 
 # data_juicer.core.executor.factory --------------------------------------------------------
-def patch_factory(module: ModuleType) -> bool:
-    from data_juicer_elastic.plugin import registry
-
+def patch_factory(module: ModuleType, front_door: FrontDoor) -> bool:
     factory = module.ExecutorFactory
     create_executor = factory.create_executor
 
     @functools.wraps(create_executor)
     def create_executor_extended(executor_type: str) -> Any:
-        if executor_type not in registry.BUILTIN:
-            cls = registry.load(executor_type)
-            if cls is not None:
-                return cls
-        return create_executor(executor_type)
+        cls = front_door.registered_executor(executor_type)
+        return cls if cls is not None else create_executor(executor_type)
 
     def install() -> bool:
         return _replace(factory, "create_executor", create_executor_extended, staticmethod(create_executor_extended))
@@ -189,11 +221,9 @@ def patch_factory(module: ModuleType) -> bool:
 
 
 # data_juicer.tools.process_data -----------------------------------------------------------
-def patch_process_data(module: ModuleType) -> bool:
+def patch_process_data(module: ModuleType, front_door: FrontDoor) -> bool:
     """``main`` stays as shipped: a registered executor runs from inside its ``init_configs`` call and
     ends the process with ``SystemExit`` (a BaseException: ``main``'s ``logger.catch`` ignores it)."""
-    from data_juicer_elastic.plugin import front_door
-
     init_configs = module.init_configs
     timing_context = module.timing_context
 
@@ -262,12 +292,10 @@ def counting_ops() -> bool:
 
 
 @functools.cache
-def counting_dataset_class() -> type:
+def counting_dataset_class(counts: OpCounting) -> type:
     """A RayDataset whose Mappers and Filters count their rows into the folder given to ``count_into``."""
     from data_juicer.core.data.ray_dataset import RayDataset
     from data_juicer.ops.base_op import Filter, Mapper
-
-    from data_juicer_elastic.ray_runner.op_counts.hooks import Target, planning
 
     class CountingRayDataset(RayDataset):
         count_sink: str | None = None
@@ -281,10 +309,10 @@ def counting_dataset_class() -> type:
                 return super()._run_single_op(op, cached_columns, tracer=tracer, stats_only=stats_only)
             target = self._targets.get(id(op))  # Data-Juicer plans an op again without its runtime_env
             if target is None:
-                target = self._targets[id(op)] = Target(self.count_sink, len(self.op_names))
+                target = self._targets[id(op)] = counts.target(self.count_sink, len(self.op_names))
                 self.op_names.append((op._name, op_kind(op)))
-                count_batch_calls(op, target)
-            with planning(target if isinstance(op, (Mapper, Filter)) else None):
+                count_batch_calls(op, target, counts)
+            with counts.planning(target if isinstance(op, (Mapper, Filter)) else None):
                 return super()._run_single_op(op, cached_columns, tracer=tracer, stats_only=stats_only)
 
     return CountingRayDataset
@@ -296,31 +324,27 @@ def op_kind(op: Any) -> str:
     return "Filter" if isinstance(op, Filter) else "Mapper" if isinstance(op, Mapper) else type(op).__mro__[1].__name__
 
 
-def count_batch_calls(op: Any, target: Any) -> None:
+def count_batch_calls(op: Any, target: Any, counts: OpCounting) -> None:
     """Make ``op``'s batch calls count into ``target`` (read at call time: a warm actor re-aims it per batch)."""
     from data_juicer.ops.base_op import Filter, Mapper
 
-    from data_juicer_elastic.ray_runner.op_counts import hooks
-
     if isinstance(op, Mapper):
-        op.process = hooks.counting(_catching(op, "process", target), target, hooks.mapped)
+        op.process = counts.counting(_catching(op, "process", target, counts), target, counts.mapped)
     elif isinstance(op, Filter):
-        op.compute_stats = hooks.counting(_catching(op, "compute_stats", target), target, hooks.entered)
-        kept = hooks.kept if op.is_batched_op() else hooks.kept_one
-        op.process = hooks.counting(_catching(op, "process", target), target, kept)
+        op.compute_stats = counts.counting(_catching(op, "compute_stats", target, counts), target, counts.entered)
+        kept = counts.kept if op.is_batched_op() else counts.kept_one
+        op.process = counts.counting(_catching(op, "process", target, counts), target, kept)
 
 
-def _catching(op: Any, attr: str, target: Any) -> Callable:
+def _catching(op: Any, attr: str, target: Any, counts: OpCounting) -> Callable:
     """``op``'s ``attr`` as Data-Juicer wraps it, with the rows of a batch that raised counted inside."""
     from data_juicer.ops.base_op import Filter, catch_map_batches_exception, catch_map_single_exception
-
-    from data_juicer_elastic.ray_runner.op_counts.hooks import noting_errors
 
     if not getattr(op, "skip_op_error", False):
         return getattr(op, attr)  # an error fails the attempt: nothing to count
     batched = op.is_batched_op()
     raw = getattr(op, f"{attr}_batched" if batched else f"{attr}_single")
-    noted = noting_errors(raw, batched, target)
+    noted = counts.noting_errors(raw, batched, target)
     if batched:
         return catch_map_batches_exception(noted, skip_op_error=True, op_name=op._name)
     keep = not (isinstance(op, Filter) and attr == "process")

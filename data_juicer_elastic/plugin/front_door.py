@@ -6,16 +6,21 @@ and the ``elastic_shard`` keys, an ``elastic_shard`` recipe is validated and
 snapshotted before Data-Juicer writes anything, and ``dj-process`` runs a
 registered executor the way it runs its own. A recipe for any other executor
 goes through Data-Juicer exactly as shipped.
+
+The patches do not import this module: the activation hook (plugin/hook.py)
+hands them :func:`door`, these functions as a ``patches.data_juicer.FrontDoor``.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
 from typing import Any
 
 from data_juicer_elastic.errors import ElasticError
+from data_juicer_elastic.patches.data_juicer import FrontDoor
 from data_juicer_elastic.plugin import registry
 from data_juicer_elastic.plugin.schema import KEY, NAME
 
@@ -103,6 +108,11 @@ def shows_config_table(cfg: Any) -> bool:
     return not (cfg.get("executor_type") == NAME and story_on())
 
 
+def registered_executor(executor_type: str) -> Any:
+    """The executor class registered for ``executor_type``; None for built-in and unknown types."""
+    return None if executor_type in registry.BUILTIN else registry.load(executor_type)
+
+
 def is_registered_type(cfg: Any) -> bool:
     executor_type = cfg.get("executor_type")
     return executor_type not in registry.BUILTIN and registry.is_registered(executor_type)
@@ -138,3 +148,19 @@ def run_registered(timing_context: Any, cfg: Any, started: float) -> int:
     except Exception:  # already logged with its traceback by logger.catch
         return 2
     return result if isinstance(result, int) else 0
+
+
+@functools.cache
+def door() -> FrontDoor:
+    """This module's functions, as the Data-Juicer patches take them (the activation hook passes them in)."""
+    return FrontDoor(
+        name=NAME,
+        extend_parser=extend_parser,
+        before_setup=before_setup,
+        after_setup=after_setup,
+        shows_config_table=shows_config_table,
+        registered_executor=registered_executor,
+        is_registered_type=is_registered_type,
+        run_registered=run_registered,
+        report=report,
+    )

@@ -6,6 +6,8 @@ nothing beyond ``sys``): the finder only looks at three module names and
 otherwise answers ``None`` at once. When one of them is imported, the real
 loader runs first and the patch (in :mod:`data_juicer_elastic.patches.data_juicer`,
 which may import Data-Juicer) is applied to the finished module before anyone uses it.
+The patch is handed what it installs, :func:`front_door.door`; the patches
+import nothing of the plugin (tests/test_layers.py).
 """
 
 from __future__ import annotations
@@ -33,9 +35,10 @@ def apply_patch(module: ModuleType) -> None:
     if getattr(module, "__dj_elastic_patched__", False):
         return
     from data_juicer_elastic.patches import data_juicer as patches
+    from data_juicer_elastic.plugin.front_door import door
 
     # False when Data-Juicer's version is not one whose internals the patches know
-    module.__dj_elastic_patched__ = bool(getattr(patches, TARGETS[module.__name__])(module))
+    module.__dj_elastic_patched__ = bool(getattr(patches, TARGETS[module.__name__])(module, door()))
 
 
 class _PatchingLoader:

@@ -42,10 +42,11 @@ class ShardLoader:
 
     def load_dataset(self, **_: Any) -> Any:
         from data_juicer_elastic.patches.data_juicer import counting_dataset_class
+        from data_juicer_elastic.ray_runner.op_counts.hooks import COUNTING
 
         data = self.data if self.data is not None else read_shard(self.cfg)
         self.rows_in = data.count()  # metadata of a materialised dataset: no pass over the rows
-        self.dataset = counting_dataset_class()(data, dataset_path=self.cfg.dataset_path, cfg=self.cfg)
+        self.dataset = counting_dataset_class(COUNTING)(data, dataset_path=self.cfg.dataset_path, cfg=self.cfg)
         self.dataset.count_into(self.count_sink)
         return self.dataset
 

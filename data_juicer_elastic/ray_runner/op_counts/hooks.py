@@ -7,7 +7,7 @@ its class and calls ``op(batch)``, which is the same ``process`` /
 ``compute_stats``. Wrapping those methods on the op instance (patches/data_juicer.py, which
 knows Data-Juicer's methods) makes the batch call Data-Juicer already makes
 do the counting: no extra Ray stage, no extra pass over a block. This module
-holds what is counted.
+holds what is counted, and hands it to the patches as :data:`COUNTING`.
 
 - a Mapper's ``process`` counts rows in and rows out;
 - a Filter's ``compute_stats`` counts rows in, its ``process`` the rows kept;
@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from data_juicer_elastic.patches.data_juicer import OpCounting, count_batch_calls
 from data_juicer_elastic.ray_runner.op_counts import tally
 
 _planning = threading.local()  # .target: the Target of the op whose Ray stages this thread is planning
@@ -43,9 +44,7 @@ class Target:
 
 def count_op(op: Any, target: Target) -> None:
     """Make ``op``'s batch calls count into ``target`` (read at call time: a warm actor re-aims it per batch)."""
-    from data_juicer_elastic.patches.data_juicer import count_batch_calls
-
-    count_batch_calls(op, target)
+    count_batch_calls(op, target, COUNTING)
 
 
 @contextmanager
@@ -138,3 +137,16 @@ def noting_errors(method: Callable, batched: bool, target: Target) -> Callable:
             raise
 
     return noting
+
+
+# what the Data-Juicer patches count with (patches/data_juicer.py: count_batch_calls, counting_dataset_class)
+COUNTING = OpCounting(
+    target=Target,
+    planning=planning,
+    counting=counting,
+    noting_errors=noting_errors,
+    mapped=mapped,
+    entered=entered,
+    kept=kept,
+    kept_one=kept_one,
+)
