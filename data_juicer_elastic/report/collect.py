@@ -192,7 +192,7 @@ def _from_done(rec: DoneRecord, attempts_dir: str, relative: str) -> Attempt:
         rows_in=_int(ops.get("rows_in")),
         rows_out=rec.rows,
         error_rows=_int(ops.get("error_rows")) or 0,
-        log=f"{relative}{rec.shard}/{name}/process.log",
+        log=f"{relative}{rec.shard}/{name}/{AttemptDir.LOG}",
         ops=_ops_of(ops),
     )
 
@@ -277,7 +277,7 @@ def read_attempt(job: JobDir, sid: str, n: int, now: float, notes: list[str]) ->
         rows_out=_int(ops.get("rows_out")),
         error_rows=_int(ops.get("error_rows")) or 0,
         error=first_line(info.error or ""),
-        log=f"attempts/{sid}/{attempt_name(n)}/process.log",
+        log=f"attempts/{sid}/{attempt_name(n)}/{AttemptDir.LOG}",
         ops=_ops_of(ops),
     )
     if outcome == "lost" and not a.error:
