@@ -12,7 +12,9 @@ naming every patch that did not apply (docs/UPSTREAM.md: the extension points
 that would make the Data-Juicer ones unnecessary).
 
 This module and the host modules import their hosts only inside functions,
-so they load without Data-Juicer or Ray (tests/test_layers.py).
+so they load without Data-Juicer or Ray, and nothing of this package above
+them: what a patch installs (the front door's functions, the op counters) is
+passed in by the layer that owns it (tests/test_layers.py).
 """
 
 from __future__ import annotations
