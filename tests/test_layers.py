@@ -117,9 +117,8 @@ FLOORS = ("core", PLUGIN, RAY_RUNNER, CLI)
 # the executor imports the runner when it builds one.
 UPWARD_ALLOWED = {(f"{PLUGIN}.executor", f"{RAY_RUNNER}.runner")}
 
-# The one circle still there: worker/loop.py and worker/prefetch.py import each other. Someone is removing it
-# (issue 32); the edges between exactly these two are left out of the check until then. Delete this entry then.
-CYCLE_ALLOWED = {frozenset({f"{PACKAGE}.worker.loop", f"{PACKAGE}.worker.prefetch"})}
+# No circle is allowed (the last one, worker/loop <-> worker/prefetch, went with the one worker loop).
+CYCLE_ALLOWED: set[frozenset[str]] = set()
 
 
 def module_sources() -> dict[str, tuple[Path, bool]]:

@@ -15,6 +15,7 @@ file server stamps the write). Two kinds of failure are told apart:
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -45,6 +46,8 @@ class LeaseRefresher:
         self.lost = threading.Event()
         self._stop = threading.Event()
         self._content = _content(path)
+        self._renewed = time.monotonic()  # the last successful renewal (the lease's creation, at first)
+        self._longest = 0.0  # the longest stretch between two renewals so far
         self._thread = threading.Thread(target=self._run, name=f"lease-{path.name}", daemon=True)
 
     def _run(self) -> None:
@@ -55,6 +58,7 @@ class LeaseRefresher:
                     self._lose("superseded, replaced or removed")
                     return
                 touch(self.path)
+                self._renewed_now()
             except FileNotFoundError:
                 self._lose("removed")
                 return
@@ -64,6 +68,15 @@ class LeaseRefresher:
                 failing = True
                 continue
             failing = False
+
+    def _renewed_now(self) -> None:
+        now = time.monotonic()
+        self._longest = max(self._longest, now - self._renewed)
+        self._renewed = now
+
+    def longest_gap(self) -> float:
+        """Seconds of the longest stretch without a renewal since the lease was taken, up to now."""
+        return max(self._longest, time.monotonic() - self._renewed)
 
     def _same_file(self) -> bool:
         """False once another file stands at ``path`` (its bytes differ from the lease's own)."""

@@ -1,23 +1,29 @@
-"""One attempt at a shard, from its own folder to its outcome.
+"""One attempt at a shard, from its own folder to its outcome, in three steps the worker loop schedules.
 
-The attempt's folder is made fresh (one already there is refused), the shard
-file is checked against the manifest, the runner writes the output inside
-the folder while the lease is renewed, and the output is re-read before a
-done record is published. A fenced attempt never publishes: superseded (a
-later attempt took its lease) or beaten to the done record by its backup or
-by the original it backs up (``lost-race``); the heartbeat notices either and
-stops the runner at once (``fencing``). A runner's failure fails the attempt,
-not the worker; an edited shard, or a runner's ``PermanentError`` (a row or
-recipe error), fails it terminally, since retrying cannot heal it.
+``open``: the attempt's folder is made fresh (one already there is refused),
+its record written, its lease renewed from then on, the shard file checked
+against the manifest, and the runner's load started. ``process``: the
+runner's work, in the main thread. ``finish``: the runner's finish, the
+output re-read, and the done record published. A fenced attempt never
+publishes: superseded (a later attempt took its lease), beaten to the done
+record by its backup or by the original it backs up (``lost-race``; the
+heartbeat notices and stops the runner at once, ``fencing``), or lapsed (its
+lease went unrenewed long enough that another process may have judged it
+stale: a frozen process, a hung mount). A runner's failure fails the
+attempt, not the worker; an edited shard, or a runner's ``PermanentError``
+(a row or recipe error), fails it terminally, since retrying cannot heal it.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 import traceback
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 from data_juicer_elastic.errors import ElasticError, IntegrityError, PermanentError, one_line
 from data_juicer_elastic.job.attempt_files import AttemptDir
@@ -32,8 +38,8 @@ from data_juicer_elastic.worker.budget import fail_terminally, failure_count
 from data_juicer_elastic.worker.disk_full import NoSpace, give_back, space_for
 from data_juicer_elastic.worker.fencing import Fenced, RunnerStopper
 from data_juicer_elastic.worker.outputs import OutputDigest, inspect_output
-from data_juicer_elastic.worker.runner import Runner
 from data_juicer_elastic.worker.signals import Interrupted, received
+from data_juicer_elastic.worker.stages import Stages, at_once, in_thread
 
 
 class ShardMismatch(IntegrityError):
@@ -45,23 +51,22 @@ TERMINAL = (ShardMismatch, PermanentError)
 
 
 class Attempt:
-    """One claimed attempt; ``run()`` returns its outcome (``done``, ``failed``, ``superseded``, ``lost-race``)."""
+    """One claimed attempt; its outcome (``done``, ``failed``, ``superseded``, ``lost-race``, ...) once it ends."""
 
     def __init__(
         self,
         job: JobDir,
         store: ClaimStore,
         lease: Lease,
-        runner: Runner,
         policy: Policy,
         log: Callable[[str], None],
         *,
         pace: float | None,
         final: bool,
-        stopper: RunnerStopper | None = None,
+        stopper: RunnerStopper,
     ) -> None:
-        self.stopper = stopper or RunnerStopper()
-        self.job, self.store, self.lease, self.runner, self.policy, self.log = job, store, lease, runner, policy, log
+        self.job, self.store, self.lease, self.policy, self.log = job, store, lease, policy, log
+        self.stopper = stopper
         self.adir = job.attempt_dir(lease.shard, lease.attempt)
         self.output = self.adir / AttemptDir.OUTPUT
         self.name = f"{lease.shard} attempt {attempt_name(lease.attempt)}"
@@ -78,59 +83,137 @@ class Attempt:
             backup=lease.backup_of is not None,
             backup_of=lease.backup_of,
         )
+        self.outcome: str | None = None
+        self.lock = threading.Lock()  # the finisher thread's outcome against a stopping worker's
+        self.beat: Any = None  # the lease's refresher, from open() on
+        self.loaded: Future | None = None
+        self.processing = (0.0, 0.0)  # monotonic start and end of the process stage
+        self.processing_wall = 0.0  # time.time() when processing began: the shard's time counts from here
+        self.opened = time.monotonic()  # when it was claimed and opened (this node's clock)
 
-    def run(self) -> str:
-        try:
-            return self._run()
-        except NoSpace as exc:
-            raise give_back(self.job, self.store, self.lease, self.record, exc, self.log) from exc.error
-        except ElasticError:  # a tampered job dir: nothing ran, so the shard is left claimable
-            self.store.release(self.lease)
-            raise
-
-    def _run(self) -> str:
+    # the three steps ------------------------------------------------------------------------------
+    def open(self, stages: Stages, in_background: bool) -> bool:
+        """Folder, record, heartbeat, shard check, then the load; False if the attempt already ended."""
+        self.opened = time.monotonic()
         self._make_folder()
         self._save()
         self.log(
             f"claimed {self.name}{claim_note(self.job, self.lease.shard, self.lease.attempt, self.lease.backup_of)}"
         )
         beat = heartbeat(self.store, self.lease, self.policy.heartbeat_secs, self.log, on_lost=self._lost_race)
+        self.beat = beat.__enter__()
         try:
-            with beat:
-                shard = verified_shard(self.job, self.lease.shard)
-                self.stopper.arm()
-                try:
-                    self.runner(str(shard), str(self.output), str(self.job.gen_dir))  # names the generation
-                finally:
-                    self.stopper.disarm()
-                digest = inspect_output(self.output)
+            shard = verified_shard(self.job, self.lease.shard)
+        except ShardMismatch as exc:  # retrying cannot heal an edited shard
+            self.fail(exc, terminal=True)
+            return False
+        args = (str(shard), str(self.output), str(self.job.gen_dir))  # names the generation
+        self.loaded = in_thread(stages.load, *args) if in_background else at_once(stages.load, *args)
+        return True
+
+    def process(self, stages: Stages) -> Any:
+        """The runner's process stage (main thread); None if the attempt ended (failed, fenced)."""
+        if self._beaten():  # another attempt published done while this one waited
+            self.beat.__exit__(None, None, None)
+            self.outcome = self._fenced()
+            return None
+        try:
+            loaded = self.loaded.result()
+            start = time.monotonic()
+            self.processing_wall = time.time()
+            self._note_processing_start(start)
+            self.stopper.arm(self)
+            try:
+                processed = stages.process(loaded)
+            finally:
+                self.stopper.disarm()
+            self.processing = (start, time.monotonic())
+            return processed
         except Fenced:  # the heartbeat found the attempt fenced and stopped the runner
-            return self._fenced()
+            self.beat.__exit__(None, None, None)
+            self.outcome = self._fenced()
+            return None
         except Interrupted:
-            self._end("interrupted")
-            self.store.release(self.lease)
             raise
-        except TERMINAL as exc:  # retrying cannot heal an edited shard or a bad row
-            return self._failed(exc, terminal=True)
         except Exception as exc:  # the runner's failure fails the attempt, not the worker
             if (signum := received()) is not None:  # the runner wrapped our Interrupted in its own error
-                self._end("interrupted")
-                self.store.release(self.lease)
                 raise Interrupted(signum) from exc
             if full := disk_full_in(exc):
+                error = give_back(self.job, self.store, self.lease, self.record, NoSpace(self.output, full), self.log)
+                raise error from exc
+            self.fail(exc)
+            return None
+
+    def finish(self, stages: Stages, processed: Any) -> str:
+        """Join, re-read, publish (any thread); ``NoSpace`` escapes to stop the worker."""
+        try:
+            stages.finish(processed)
+            digest = inspect_output(self.output)
+        except Exception as exc:
+            if full := disk_full_in(exc):
                 raise NoSpace(self.output, full) from exc
-            return self._failed(exc)
-        if beat.lost.is_set() or not self.store.is_current(self.lease) or self.job.done_path(self.lease.shard).exists():
-            return self._fenced()
-        return self._publish(digest)
+            with self.lock:
+                return self.outcome or self.fail(exc)
+        self.beat.__exit__(None, None, None)
+        with self.lock:
+            if self.outcome is not None:  # abandoned meanwhile (SIGTERM)
+                return self.outcome
+            if self._beaten():
+                self.outcome = self._fenced()
+            elif (gap := self.beat.longest_gap()) >= self.lapse_limit():
+                self.outcome = self._lapsed(gap)
+            else:
+                self.outcome = self._publish(digest)
+            return self.outcome
+
+    def _note_processing_start(self, start: float) -> None:
+        """A shard that waited behind another since its claim: speculation times it from now, not its claim.
+
+        The shared clock's claim time plus this node's monotonic wait: no clock of another node is involved.
+        """
+        waited = start - self.opened
+        if waited >= 1.0 and self.lease.claimed_at > 0:
+            self.record.processing_at = self.lease.claimed_at + waited
+            self._save()
+
+    # endings --------------------------------------------------------------------------------------
+    def fail(self, exc: Exception, terminal: bool = False) -> str:
+        self.beat.__exit__(None, None, None)
+        self.outcome = self._failed(exc, terminal or isinstance(exc, TERMINAL))
+        return self.outcome
+
+    def abandon(self, outcome: str, error: str | None = None) -> None:
+        """End now as ``outcome`` (interrupted, given back) and release the lease, unless already ended."""
+        with self.lock:
+            if self.outcome is not None:
+                return
+            self.outcome = outcome
+        if self.beat is not None:  # None: stopped before open() started it
+            self.beat.__exit__(None, None, None)
+        try:
+            self._end(outcome, error)
+        except OSError:
+            pass
+        self.store.release(self.lease)
+
+    def lapse_limit(self) -> float:
+        """Unrenewed this long, the lease may have looked stale to others (their limit is the lock timeout):
+        halfway between the renewal period and the lock timeout leaves both sides a wide margin."""
+        return (self.policy.heartbeat_secs + self.policy.lock_timeout_secs) / 2
+
+    def _beaten(self) -> bool:
+        """Superseded, or another attempt of the shard (a backup, or the one this backs up) published done."""
+        lost = self.beat is not None and self.beat.lost.is_set()
+        return lost or not self.store.is_current(self.lease) or self.job.done_path(self.lease.shard).exists()
 
     def _lost_race(self) -> None:
         """From the heartbeat's thread: stop the runner if another attempt beside this one published done.
 
-        A superseded attempt's runner is left to finish, as before backups existed; it cannot publish.
+        Only this attempt's runner: the stopper drops the call when another attempt is the one running.
+        A superseded attempt's runner is left to finish; it cannot publish.
         """
         if self.store.is_current(self.lease) and self.job.done_path(self.lease.shard).exists():
-            self.stopper.fire()
+            self.stopper.fire(self)
 
     def _fenced(self) -> str:
         """Record why this attempt does not publish; its lease and folder stay as a superseded attempt's."""
@@ -145,6 +228,19 @@ class Attempt:
             return "lost-race"
         self._save("superseded", "lease taken over by a later attempt; output not published")
         self.log(f"{self.name} superseded; not publishing")
+        return "superseded"
+
+    def _lapsed(self, gap: float) -> str:
+        """The lease went unrenewed past ``lapse_limit``: another process may be taking it over right now,
+        so this attempt does not publish; its lease is released, so the shard is claimable at once."""
+        why = (
+            f"lease not renewed for {gap:.0f}s (lock_timeout_secs {self.policy.lock_timeout_secs:g}): "
+            "another worker may have taken it over; output not published"
+        )
+        self._save("superseded", why)
+        self.store.ledger.drop(self.lease.shard, self.lease.attempt)
+        self.store.release(self.lease)
+        self.log(f"{self.name}: {why}")
         return "superseded"
 
     def _make_folder(self) -> None:
@@ -170,7 +266,7 @@ class Attempt:
             bytes=digest.bytes,
             sha256=digest.sha256,
             output=str(self.output.relative_to(self.job.root)),
-            started_at=self.record.started_at,
+            started_at=self.processing_wall or self.record.started_at,  # the shard's own time, not its wait
             finished_at=time.time(),
             backup=self.lease.backup_of is not None,
             worker=self.store.ledger.worker,
@@ -192,8 +288,10 @@ class Attempt:
             record.finished_at,
         )
         self._save("done")
-        seconds = (record.finished_at or 0.0) - self.record.started_at
-        dropped = f" ({record.error_rows} row(s) removed by op errors; see {self.adir / 'process.log'})"
+        self.store.release(self.lease)  # a finished attempt holds nothing (a retry of the shard need not wait)
+        seconds = (record.finished_at or 0.0) - (record.started_at or 0.0)
+        log_path = self.adir / AttemptDir.LOG
+        dropped = f" ({record.error_rows} row(s) removed by op errors; see {log_path})"
         self.log(
             f"done {record.shard} rows={digest.rows} in {seconds:.1f}s attempt {attempt_name(record.attempt)}"
             + (dropped if record.error_rows else "")
@@ -201,14 +299,13 @@ class Attempt:
         return "done"
 
     def _failed(self, exc: Exception, terminal: bool = False) -> str:
-        error = one_line(f"{type(exc).__name__}: {exc}")  # the whole traceback goes to process.log
-        with open(self.adir / AttemptDir.LOG, "a", encoding="utf-8") as f:
+        error = one_line(f"{type(exc).__name__}: {exc}")  # the whole traceback goes to the attempt's log
+        log_path = self.adir / AttemptDir.LOG
+        with open(log_path, "a", encoding="utf-8") as f:
             f.write("\n" + "".join(traceback.format_exception(exc)))
         self._end("failed", error)
         failures = failure_count(self.job, self.lease.shard, self.lease.attempt)
-        self.log(
-            f"{self.name} failed ({failures} failure(s)): {one_line(error, 300)}; log: {self.adir / 'process.log'}"
-        )
+        self.log(f"{self.name} failed ({failures} failure(s)): {one_line(error, 300)}; log: {log_path}")
         if terminal or (failures > self.policy.max_retries and not self._backup_live()):
             fail_terminally(self.job, self.lease.shard, self.lease.attempt, self.store.host, error)
         self.store.release(self.lease)

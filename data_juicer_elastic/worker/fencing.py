@@ -26,10 +26,17 @@ class Fenced(BaseException):
 
 
 class RunnerStopper:
-    """Installed around the claim loop; ``arm``/``disarm`` around each runner call; ``fire`` from the heartbeat."""
+    """Installed around the claim loop; ``arm(attempt)``/``disarm()`` around each runner call; ``fire(attempt)``
+    from that attempt's heartbeat.
+
+    Armed for one attempt at a time: a fire meant for an attempt that is no longer the one running (the
+    main thread finished it and armed the next meanwhile) is dropped, both when sent and when it lands.
+    """
 
     def __init__(self) -> None:
-        self._armed = threading.Event()
+        self._lock = threading.Lock()  # fire() against arm()/disarm(); never taken in the handler
+        self._owner: object | None = None  # the attempt whose runner runs now
+        self._target: object | None = None  # the attempt a fire was sent for
         self._main: int | None = None
         self._old: object = None
 
@@ -44,17 +51,23 @@ class RunnerStopper:
             signal.signal(FENCE_SIGNAL, self._old if self._old is not None else signal.SIG_DFL)
             self._main = None
 
-    def arm(self) -> None:
-        self._armed.set()
+    def arm(self, owner: object) -> None:
+        with self._lock:
+            self._owner, self._target = owner, None
 
     def disarm(self) -> None:
-        self._armed.clear()
+        with self._lock:
+            self._owner = self._target = None
 
-    def fire(self) -> None:
-        if self._main is not None and self._armed.is_set():
+    def fire(self, owner: object) -> None:
+        with self._lock:
+            if self._main is None or owner is None or self._owner is not owner:
+                return
+            self._target = owner
             signal.pthread_kill(self._main, FENCE_SIGNAL)
 
     def _handle(self, signum: int, frame: object) -> None:
-        if self._armed.is_set():
-            self._armed.clear()
+        target = self._target
+        if target is not None and target is self._owner:
+            self._owner = self._target = None
             raise Fenced()

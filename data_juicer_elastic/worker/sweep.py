@@ -8,13 +8,24 @@ created). Requeued shards (``state/retry``, written by ``dj-elastic retry``) are
 looked at too. The lane hints say how many never-claimed shards are left.
 
     done = sum of the records' ``published`` + pairs whose done record names them
-           - done records archived by ``retry``
+           - publications archived by ``retry`` that a record's ``published`` sums
+
+Each done record is counted at most once: through the pair of the worker
+that holds it, or through that worker's ``published``, never both (the
+ledger moves a pair to ``published`` in one rewrite). A retry archives a
+done record and names, in the shard's retry record, the worker and attempt
+that published it; the sweep subtracts it only where a record's
+``published`` still sums it, so a retry, a late flush or an unreadable
+record (an ESTALE, a cut read: it adds nothing) can only lower the count.
 
 Only when that count says the job is unfinished while nothing is live,
 claimable or fresh (a job dir written before worker records, or records
 lost) does the sweep fall back to listing ``state/done`` and ``state/claims``
-once; the fallback is what makes an old job dir run, and it repeats at most
-once per lock timeout.
+once; what the records do not account for is kept as ``legacy_done``,
+recomputed (never accumulated) at each fallback, and it repeats at most once
+per lock timeout. The snapshot is a cache, never an authority: one that says
+complete is checked against a listing of ``state/done`` before any process
+ends on its word (``SnapshotCache``), and corrected when the two disagree.
 
 The result, a ``Snapshot``, is shared through ``state/progress.json``:
 whoever finds it older than the refresh interval rebuilds it (one process
@@ -75,6 +86,7 @@ class Snapshot:
     last_finish: float | None = None
     rates: list[float] = field(default_factory=list)  # recent input bytes per second per shard, all workers
     workers: int = 0
+    swept: int = 0  # done shards the worker records account for (``done`` less ``legacy_done``)
     exact: bool = False  # counted from a listing of state/done (the fallback)
     legacy_done: int = 0  # done records no worker record counts (a job dir run before worker records)
     fallback_at: float = 0.0  # the shared clock when the listing fallback last ran
@@ -130,7 +142,7 @@ def build(job: JobDir, store: ClaimStore, previous: Snapshot | None = None, lean
                 latest[sid] = max(latest.get(sid, 0), attempt)
                 owner.setdefault((sid, attempt), {})[r.worker] = (r.host, r.pid)
     archived, requeued = _requeued(job)
-    snap.done -= archived
+    _subtract_archived(snap, archived, {r.worker: set(r.pairs) for r in records}, rows)
     for sid, after in requeued.items():
         if sid in rows and sid not in latest:
             latest[sid] = after
@@ -145,8 +157,9 @@ def build(job: JobDir, store: ClaimStore, previous: Snapshot | None = None, lean
             continue
         _place(store, snap, sid, named, now)
     snap.done += counted
+    snap.swept = max(snap.done, 0)
     snap.legacy_done = previous.legacy_done if previous else 0
-    snap.done += snap.legacy_done
+    snap.done = snap.swept + snap.legacy_done
     snap.failed = sorted(job.failed_ids()) if job.failed_dir.exists() else []
     snap.fallback_at = previous.fallback_at if previous else 0.0
     if _needs_fallback(snap, store, now):
@@ -203,13 +216,24 @@ def _add_done(snap: Snapshot, done: dict, rows: int, size: int) -> None:
         snap.last_finish = end if snap.last_finish is None else max(snap.last_finish, end)
 
 
-def _requeued(job: JobDir) -> tuple[int, dict[str, int]]:
-    """(done records archived by retry, in all; requeued shard -> the attempt after which it starts again)."""
+@dataclass(frozen=True)
+class Archived:
+    """A done record ``retry`` archived: who published it (the sweep subtracts it where a sum holds it)."""
+
+    shard: str
+    attempt: int
+    worker: str
+    rows: int = 0
+    error_rows: int = 0
+
+
+def _requeued(job: JobDir) -> tuple[list[Archived], dict[str, int]]:
+    """(done records archived by retry; requeued shard -> the attempt after which it starts again)."""
     try:
         names = os.listdir(job.retry_dir)
     except FileNotFoundError:
-        return 0, {}
-    archived, found = 0, {}
+        return [], {}
+    archived, found = [], {}
     for name in names:
         if not name.endswith(".json") or name.startswith("."):
             continue
@@ -217,12 +241,35 @@ def _requeued(job: JobDir) -> tuple[int, dict[str, int]]:
         try:
             raw = orjson.loads(data) if data else {}
             after = raw.get("after_attempt", 0)
-            archived += int(raw.get("archived_done", 0))
-        except (ValueError, TypeError, AttributeError):
+            for a in raw.get("archived") or []:
+                archived.append(
+                    Archived(
+                        name[:-5],
+                        int(a["attempt"]),
+                        str(a["worker"]),
+                        int_or(a.get("rows")),
+                        int_or(a.get("error_rows")),
+                    )
+                )
+        except (ValueError, TypeError, AttributeError, KeyError):
             continue
         if type(after) is int:
             found[name[:-5]] = after
     return archived, found
+
+
+def _subtract_archived(snap: Snapshot, archived: list[Archived], pairs: dict[str, set], rows: dict[str, int]) -> None:
+    """Take out the archived publications a worker record's ``published`` sums: its worker's record is
+    readable and no longer names the pair (a record still naming it counts it only through its done record,
+    which is gone; an unreadable one sums nothing)."""
+    for a in archived:
+        held = pairs.get(a.worker)
+        if held is None or (a.shard, a.attempt) in held or a.shard not in rows:
+            continue
+        snap.done -= 1
+        snap.input_rows_done -= rows[a.shard]
+        snap.output_rows -= a.rows
+        snap.error_rows -= a.error_rows
 
 
 def _needs_fallback(snap: Snapshot, store: ClaimStore, now: float) -> bool:
@@ -232,9 +279,9 @@ def _needs_fallback(snap: Snapshot, store: ClaimStore, now: float) -> bool:
 
 def _fallback(job: JobDir, store: ClaimStore, snap: Snapshot, now: float) -> None:
     """List state/done and state/claims once: exact count, and leases no worker record names."""
-    done = job.done_ids()
+    done = job.done_ids() & {s.id for s in job.manifest().shards}
     # quiet: nothing is live, so nothing was published between the records' read and this listing
-    snap.legacy_done = max(snap.legacy_done + len(done) - snap.done, 0)
+    snap.legacy_done = max(len(done) - snap.swept, 0)
     snap.done, snap.exact, snap.fallback_at = len(done), True, now
     failed = job.failed_ids()
     for sid, n in sorted(store.latest_attempts().items()):
@@ -247,13 +294,19 @@ def _fallback(job: JobDir, store: ClaimStore, snap: Snapshot, now: float) -> Non
 
 
 class SnapshotCache:
-    """This process's view of ``state/progress.json``: read at most once per interval, rebuilt when old."""
+    """This process's view of ``state/progress.json``: read at most once per interval, rebuilt when old.
+
+    A snapshot that says complete is confirmed once against a listing of ``state/done`` (one listing per
+    process, at the job's end) before this process acts on it; one the listing contradicts (an old
+    submission's snapshot after a retry, a count a record read wrongly) is corrected and written back.
+    """
 
     def __init__(self, job: JobDir, store: ClaimStore, interval: float) -> None:
         self.job, self.store, self.interval = job, store, interval
         self.snap: Snapshot | None = None
         self._read_at = -1e18  # local monotonic time of the last read
         self._seen: tuple[int, float] | None = None  # (seq, local time it was first seen)
+        self._complete = False  # confirmed against the done records
 
     @property
     def locks(self):
@@ -268,18 +321,56 @@ class SnapshotCache:
         if self.snap is not None and not (fresh or rebuild) and now - self._read_at < self.interval:
             return self.snap
         self._read_at = now
-        data = read_small(self.job.progress_path)
-        snap = Snapshot.from_bytes(data) if data else None
-        if snap is not None and (self._seen is None or self._seen[0] != snap.seq):
-            age = max(self.store.now() - snap.built_at, 0.0) if self._seen is None else 0.0  # first sight
-            self._seen = (snap.seq, now - age)
+        snap = self._read()
         if snap is None or rebuild or now - self._seen[1] >= self.interval:  # nobody rebuilt it for an interval
             snap = self._rebuild(snap, now, rebuild) or (
                 build(self.job, self.store, snap, rebuild) if rebuild else snap
             )
         if snap is None:  # no file and another process is rebuilding it: sweep for ourselves
             snap = build(self.job, self.store)
-        self.snap = snap
+        self.snap = self._confirmed(snap)
+        return self.snap
+
+    def refresh(self, newer_than: float) -> Snapshot:
+        """A snapshot built at or after ``newer_than`` (the shared clock), for a worker woken by a change.
+
+        One process wins the rebuild; the others read its result, so a wake costs the job one sweep.
+        Nobody's result within an interval (its builder died): this process sweeps for itself.
+        """
+        deadline = time.monotonic() + max(self.interval, 1.0)
+        while True:
+            snap = self._read()
+            if snap is not None and snap.built_at >= newer_than:
+                self.snap, self._read_at = self._confirmed(snap), time.monotonic()
+                return self.snap
+            built = self._rebuild(snap, time.monotonic())
+            if built is not None or time.monotonic() >= deadline:
+                snap = built or build(self.job, self.store, snap)
+                self.snap, self._read_at = self._confirmed(snap), time.monotonic()
+                return self.snap
+            time.sleep(0.05)
+
+    def _read(self) -> Snapshot | None:
+        data = read_small(self.job.progress_path)
+        snap = Snapshot.from_bytes(data) if data else None
+        now = time.monotonic()
+        if snap is not None and (self._seen is None or self._seen[0] != snap.seq):
+            age = max(self.store.now() - snap.built_at, 0.0) if self._seen is None else 0.0  # first sight
+            self._seen = (snap.seq, now - age)
+        return snap
+
+    def _confirmed(self, snap: Snapshot) -> Snapshot:
+        """``snap``, unless it says complete and the done records do not: then corrected from their listing."""
+        if not snap.complete or self._complete:
+            return snap
+        ids = {s.id for s in self.job.manifest().shards}
+        done = len(self.job.done_ids() & ids)
+        if done >= snap.total:
+            self._complete = True
+            return snap
+        snap.legacy_done = max(min(snap.legacy_done, done - snap.swept), 0)
+        snap.done, snap.exact = done, True
+        self._write(snap)
         return snap
 
     def _rebuild(self, old: Snapshot | None, now: float, lean: bool = False) -> Snapshot | None:
@@ -289,17 +380,33 @@ class SnapshotCache:
         try:
             won = create_exclusive(self.locks / name, b"")
         except FileNotFoundError:
-            self.locks.mkdir(parents=True, exist_ok=True)
-            won = create_exclusive(self.locks / name, b"")
+            try:
+                self.locks.mkdir(parents=True, exist_ok=True)
+                won = create_exclusive(self.locks / name, b"")
+            except OSError:
+                return None
+        except OSError:  # a flaky mount: another process, or the next look, rebuilds it
+            return None
         if not won:
             return None
         snap = build(self.job, self.store, old, lean)
         snap.seq = seq
-        replace_small(self.job.progress_path, snap.to_bytes())
-        self._seen = (seq, time.monotonic())
+        self._write(snap)
         for stale in (f"{seq - 1}", f"{seq - 1}.{waited}"):
             try:
                 os.unlink(self.locks / stale)
             except OSError:
                 pass
         return snap
+
+    def _write(self, snap: Snapshot) -> None:
+        """Put ``snap`` in place unless a newer one is there (a rebuilder paused past the next one's write);
+        a write that fails leaves the old file, which the next look rebuilds."""
+        current = self._read()
+        if current is not None and current.seq > snap.seq:
+            return
+        try:
+            replace_small(self.job.progress_path, snap.to_bytes())
+        except OSError:
+            return
+        self._seen = (snap.seq, time.monotonic())

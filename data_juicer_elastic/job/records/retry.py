@@ -17,6 +17,7 @@ from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.job.claims import claim_store
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.records._read import MISSING, load_object
+from data_juicer_elastic.job.records.done import load_done
 from data_juicer_elastic.storage.files import atomic_write, dumps_json
 
 
@@ -25,7 +26,10 @@ class RetryRecord:
     shard: str
     after_attempt: int
     at: float
-    archived_done: int = 0  # done records of this shard archived by retries so far (the sweep subtracts them)
+    archived_done: int = 0  # done records of this shard archived by retries so far
+    # each archived done record's publisher: {"attempt", "worker", "rows", "error_rows"}; the sweep subtracts
+    # one from the counts only where that worker's record still sums it (worker.sweep)
+    archived: tuple[dict, ...] = ()
 
 
 def write_retry(job: JobDir, record: RetryRecord, stamp: str) -> None:
@@ -34,7 +38,7 @@ def write_retry(job: JobDir, record: RetryRecord, stamp: str) -> None:
     if path.exists():
         os.rename(path, job.history_dir / f"{stamp}-{record.shard}.retry.json")
     body = {"shard": record.shard, "after_attempt": record.after_attempt, "at": record.at}
-    atomic_write(path, dumps_json({**body, "archived_done": record.archived_done}))
+    atomic_write(path, dumps_json({**body, "archived_done": record.archived_done, "archived": list(record.archived)}))
 
 
 def retry_base(job: JobDir, shard: str) -> int:
@@ -55,13 +59,28 @@ def retry_base(job: JobDir, shard: str) -> int:
     return base
 
 
-def _archived_done(job: JobDir, shard: str) -> int:
+def _archived_so_far(job: JobDir, shard: str) -> tuple[int, tuple[dict, ...]]:
+    """The shard's earlier retry record's archived count and publishers."""
     try:
         raw = load_object(job.retry_path(shard))
     except (OSError, ValueError):
-        return 0
-    value = raw.get("archived_done", 0) if isinstance(raw, dict) else 0
-    return value if type(value) is int and value >= 0 else 0
+        return 0, ()
+    if not isinstance(raw, dict):
+        return 0, ()
+    value, found = raw.get("archived_done", 0), raw.get("archived")
+    count = value if type(value) is int and value >= 0 else 0
+    return count, tuple(a for a in found if isinstance(a, dict)) if isinstance(found, list) else ()
+
+
+def _publisher(job: JobDir, shard: str) -> dict | None:
+    """Who published the shard's done record, as the retry record keeps it; None if it has none."""
+    try:
+        done = load_done(job, shard)
+    except IntegrityError:
+        return None
+    if done is None:
+        return None
+    return {"attempt": done.attempt, "worker": done.worker, "rows": done.rows, "error_rows": done.error_rows}
 
 
 def requeue(job: JobDir, shard_ids: list[str] | None = None, *, all_failed: bool = False) -> list[str]:
@@ -83,8 +102,11 @@ def requeue(job: JobDir, shard_ids: list[str] | None = None, *, all_failed: bool
         if not records:
             state = "running" if latest else "pending"
             raise UserError(f"retry: shard {sid} is {state}, not failed or done; nothing to requeue")
-        archived = _archived_done(job, sid) + (job.done_path(sid) in records)
-        write_retry(job, RetryRecord(sid, latest, time.time(), archived), stamp)
+        count, publishers = _archived_so_far(job, sid)
+        publisher = _publisher(job, sid) if job.done_path(sid) in records else None
+        if publisher is not None:
+            count, publishers = count + 1, (*publishers, publisher)
+        write_retry(job, RetryRecord(sid, latest, time.time(), count, publishers), stamp)
         for path in records:
             os.rename(path, job.history_dir / f"{stamp}-{sid}.{path.parent.name}.json")
     return list(shard_ids)

@@ -1,0 +1,98 @@
+"""An idle worker's wait for the job's last shards, woken as soon as one of them is published.
+
+With nothing left to claim, a worker waits for the shards others (or its own
+finisher, a moment ago) still hold. It used to sleep a poll interval on the
+snapshot it had, which still listed the shards it had just published itself:
+every job ended a poll interval after its last shard. Now the wait names
+only shards that are not done and not this worker's own, and it looks at
+their done records a few at a time every ``WAKE_SECS``: once one appears, it
+asks for a snapshot built after that record and goes back to the claim loop
+at once. At most ``CHECKED_PER_WAKE`` stats per wake, so a wait costs the
+same whatever the job's size; the poll interval still bounds how long a
+wait can miss a change the stats do not see (a lease going stale).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.job.manifest import Policy
+from data_juicer_elastic.worker.scan import ClaimChooser
+from data_juicer_elastic.worker.sweep import Busy
+
+WAKE_SECS = 0.25
+CHECKED_PER_WAKE = 8
+
+
+class TailWait:
+    def __init__(self, job: JobDir, chooser: ClaimChooser, policy: Policy, log: Callable[[str], None]) -> None:
+        self.job, self.chooser, self.policy, self.log = job, chooser, policy, log
+        self._named: list[str] = []  # the shards the last wait line named
+        self._turn = 0  # where the next wake's stats start in the waited list
+        self._refreshed = -1  # the seq of the snapshot the last refresh gave
+
+    def wait(self) -> None:
+        """Until one of the shards waited for is done, or a poll interval passed."""
+        snap = self.chooser.last
+        if snap is None:  # declined at the tail before the lanes ran out: nothing to watch yet
+            time.sleep(self.policy.poll_interval_secs)
+            return
+        waited = self._not_done(snap.live)
+        if not waited:
+            if snap.seq != self._refreshed:  # built before this worker's own last shards, most often: a new one
+                self._refreshed = self.chooser.snapshots.refresh(newer_than=self.chooser.store.now()).seq
+                return
+            time.sleep(self.policy.poll_interval_secs)  # a snapshot of now, and nothing in it to watch
+            return
+        self._say(waited)
+        deadline = time.monotonic() + self.policy.poll_interval_secs
+        while time.monotonic() < deadline:
+            time.sleep(min(WAKE_SECS, max(deadline - time.monotonic(), 0.0)))
+            done_at = self._first_done([b.shard for b in waited])
+            if done_at is not None:
+                self.chooser.snapshots.refresh(newer_than=done_at)
+                return
+
+    def _not_done(self, live: list[Busy]) -> list[Busy]:
+        """The live attempts that are neither done nor this worker's own (it holds nothing while idle), one
+        a shard."""
+        mine = (self.chooser.store.host, self.chooser.store.pid)
+        freshest: dict[str, Busy] = {}  # a shard with a running backup holds two live attempts: one to wait for
+        for b in live:
+            if (b.host, b.pid) == mine or self.job.done_path(b.shard).exists():
+                continue
+            if b.shard not in freshest or b.age < freshest[b.shard].age:
+                freshest[b.shard] = b
+        return [freshest[s] for s in sorted(freshest)]
+
+    def _first_done(self, shards: list[str]) -> float | None:
+        """The mtime of a done record among a few of ``shards`` (taking turns), if one appeared."""
+        n = min(len(shards), CHECKED_PER_WAKE)
+        start = self._turn % len(shards)
+        self._turn += n
+        for sid in (shards * 2)[start : start + n]:
+            try:
+                return os.stat(self.job.done_path(sid)).st_mtime
+            except FileNotFoundError:
+                continue
+        return None
+
+    def _say(self, waited: list[Busy]) -> None:
+        """One line each time the set of shards it waits for changes: whose, and when each may be taken over.
+
+        From the sweep's snapshot the claim just looked at: no lease is listed or read here.
+        """
+        names = [b.shard for b in waited]
+        if names == self._named:
+            return
+        self._named = names
+        timeout = self.policy.lock_timeout_secs
+        parts = []
+        for b in waited[:8]:
+            free_at = time.strftime("%H:%M:%S", time.localtime(time.time() + timeout - b.age))
+            parts.append(f"{b.shard} (host={b.host}, renewed {b.age:.0f}s ago, free at {free_at} unless renewed)")
+        more = f"; ... ({len(waited) - 8} more)" if len(waited) > 8 else ""
+        self.log(f"waiting for {len(waited)} shard(s) leased by other workers: " + "; ".join(parts) + more)

@@ -1,0 +1,75 @@
+"""The shared progress snapshot is a cache, never an authority (issue 33): a retry during a run, a late
+flush, an old submission's snapshot and a rebuild lost to another process can delay its count, never move
+it past the done records."""
+
+from __future__ import annotations
+
+from data_juicer_elastic.job.claims import claim_store
+from data_juicer_elastic.job.records.retry import requeue
+from data_juicer_elastic.worker.loop import Worker, run_worker
+from data_juicer_elastic.worker.scan import refresh_interval
+from data_juicer_elastic.worker.sweep import SnapshotCache, build
+
+from .jobs import make_job
+from .runners import copy
+
+
+def _quiet(*_: object) -> None:
+    pass
+
+
+def _sweep(job):
+    return build(job, claim_store(job, "observer"))
+
+
+def test_a_retry_during_the_run_then_a_late_flush_never_overcounts(tmp_path):
+    """A publishes S and keeps naming (S, 1) (publishing does not rewrite its record); S is retried and B
+    redoes everything; A's record is flushed late; then T is retried: T is not done, and a new worker
+    redoes exactly T. The count and the rows follow the done records at every step."""
+    job = make_job(tmp_path, rows=40, shards=4, lock_timeout_secs=0.5, heartbeat_secs=0.1)
+    total_rows = job.manifest().total_rows
+    a = Worker(job.root, copy, host="a", log=_quiet)
+    lease, _, _ = a.claim_next()
+    s = lease.shard
+    assert a.run_attempt(lease, final=False) == "done"  # A's record on disk still names (S, 1)
+
+    requeue(job, [s])
+    snap = _sweep(job)
+    assert snap.done == 0 and snap.input_rows_done == 0
+
+    assert run_worker(job.root, copy, host="b", log=_quiet).exit_code == 0
+    snap = _sweep(job)
+    assert (snap.done, snap.input_rows_done) == (4, total_rows)
+
+    a.store.flush()  # A leaves: S moves to its record's ``published``
+    snap = _sweep(job)
+    assert (snap.done, snap.input_rows_done) == (4, total_rows)
+
+    t = next(x.id for x in job.manifest().shards if x.id != s)
+    requeue(job, [t])
+    snap = _sweep(job)
+    assert snap.done == 3 and not snap.complete
+    assert snap.input_rows_done == total_rows - job.shard(t).rows
+
+    again = run_worker(job.root, copy, host="c", log=_quiet)
+    assert again.exit_code == 0 and again.completed == [t]
+    assert _sweep(job).done == 4
+
+
+def test_an_old_complete_snapshot_is_never_taken_at_its_word(tmp_path):
+    """After a retry, a process of the next submission that loses the rebuild reads the last submission's
+    snapshot ("complete"): it checks that against the done records and sees the retried shard pending."""
+    job = make_job(tmp_path, rows=30, shards=3)
+    assert run_worker(job.root, copy, log=_quiet).exit_code == 0
+    store = claim_store(job, "next")
+    first = SnapshotCache(job, store, refresh_interval(job)).get(rebuild=True)
+    assert first.complete  # the last submission's snapshot, on disk
+    sid = job.manifest().shards[1].id
+    requeue(job, [sid])
+    (job.state_dir / "progress.d").mkdir(exist_ok=True)
+    (job.state_dir / "progress.d" / f"{first.seq + 1}").touch()  # another process holds the rebuild
+
+    snap = SnapshotCache(job, store, refresh_interval(job)).get()
+    assert not snap.complete and snap.done == 2
+    result = run_worker(job.root, copy, host="next", log=_quiet)
+    assert result.exit_code == 0 and result.completed == [sid]
