@@ -50,7 +50,10 @@ def test_eight_workers_race_over_80_shards_each_done_once(tmp_path):
 
 def test_kill9_mid_shard_then_another_worker_finishes_after_lease_expires(tmp_path):
     job = make_job(tmp_path, rows=60, shards=6, lock_timeout_secs=2.0, heartbeat_secs=0.3)
-    victim = spawn_worker(job, "slow_copy", DJE_TEST_SLEEP="60", DJE_TEST_SLOW_SHARDS="part-00003-of-00006")
+    # another host name: a rescuer of the victim's own host would prove it gone and take over at once
+    victim = spawn_worker(
+        job, "slow_copy", DJE_TEST_SLEEP="60", DJE_TEST_SLOW_SHARDS="part-00003-of-00006", DJ_ELASTIC_HOSTNAME="victim"
+    )
     started = job.attempts_dir / "part-00003-of-00006" / "0001" / "started"
     # the victim works through shards in its own order; wait until it is inside the slow one
     wait_for(started.exists, timeout=60)

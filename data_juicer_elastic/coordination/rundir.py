@@ -9,15 +9,26 @@ record.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import orjson
+
 from data_juicer_elastic.coordination.run_id import safe_key
 from data_juicer_elastic.errors import UserError
-from data_juicer_elastic.storage.files import atomic_write, dumps_json, publish_once, read_json, read_record, server_now
+from data_juicer_elastic.storage.files import (
+    atomic_write,
+    dumps_json,
+    publish_once,
+    read_json,
+    read_record,
+    server_now,
+)
+from data_juicer_elastic.storage.host import holder_gone, identity
 
 EXIT_OK, EXIT_FAILED = 0, 2
 
@@ -86,12 +97,48 @@ class RunDir:
         names = [n for n in os.listdir(self.root / "members") if n.endswith(".json") and not n.startswith(".")]
         return sorted({read_record(self.root / "members" / n).get("host", "?") for n in names})
 
-    def elect(self, name: str) -> tuple[bool, dict]:
-        """Stand in the election ``name``: (won, the winner's ballot)."""
-        ballot = {"host": self.host, "pid": self.pid, "at": time.time()}
-        if publish_once(self.path(name), dumps_json(ballot)):
+    def elect(self, name: str, *, replace_gone: bool = False) -> tuple[bool, dict]:
+        """Stand in the election ``name``: (won, the winner's ballot).
+
+        With ``replace_gone``, a winner of this host that provably no longer runs (``storage.host.holder_gone``:
+        a node killed and started again under the same host name) is replaced at once (``_succeed``).
+        """
+        ballot = {"host": self.host, "at": time.time(), **identity(), "pid": self.pid}
+        data = dumps_json(ballot)
+        if publish_once(self.path(name), data):
             return True, ballot
-        return False, read_record(self.path(name))
+        if not replace_gone:
+            return False, read_record(self.path(name))
+        return self._succeed(name, ballot, data)
+
+    def _succeed(self, name: str, ballot: dict, data: bytes) -> tuple[bool, dict]:
+        """Take over election ``name`` from gone winners of this host, or find the live winner.
+
+        Succession is a chain of files published once: whoever creates ``<name>.after-<hash of the gone
+        ballot>`` (its content: the successor's ballot, byte for byte) succeeds that ballot, so of several
+        restarted processes exactly one does; it then copies its ballot over ``<name>`` for readers. A
+        successor that died before (or after) that copy is itself succeeded through the next link, named
+        after its own ballot's bytes, so the chain never forks.
+        """
+        path = self.path(name)
+        try:
+            with open(path, "rb") as f:
+                current = f.read()
+        except OSError:
+            return False, read_record(path)
+        while True:
+            held = _ballot(current)
+            if not holder_gone(held, self.host):
+                return False, held
+            link = path.with_name(f"{path.name}.after-{hashlib.sha256(current).hexdigest()[:24]}")
+            if publish_once(link, data):  # appears whole: a reader never sees a link being written
+                atomic_write(path, data)
+                return True, ballot
+            try:
+                with open(link, "rb") as f:
+                    current = f.read()
+            except OSError:
+                return False, held
 
     def publish(self, name: str, outcome: Outcome) -> Outcome:
         """Publish ``outcome`` unless one is there already; return the one that counts."""
@@ -119,6 +166,14 @@ class RunDir:
             return self.now() - os.stat(self.path(name)).st_mtime
         except FileNotFoundError:
             return 0.0
+
+
+def _ballot(data: bytes) -> dict:
+    try:
+        held = orjson.loads(data)
+    except ValueError:
+        return {}
+    return held if isinstance(held, dict) else {}
 
 
 def read_outcome(path: Path) -> Outcome | None:

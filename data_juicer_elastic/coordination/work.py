@@ -52,7 +52,7 @@ class AfterPrepare:
     # work ---------------------------------------------------------------------------------------
     def work_phase(self) -> Outcome | None:
         """Run this host's claim loop (or wait for it); None once every shard is done."""
-        won, ballot = self.run.elect(f"hosts/{safe_key(self.host)}.json")
+        won, ballot = self.run.elect(f"hosts/{safe_key(self.host)}.json", replace_gone=True)
         if not won:
             self.log(
                 f"pid={ballot.get('pid')} runs the claim loop for host={self.host}; "

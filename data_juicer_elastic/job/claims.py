@@ -10,6 +10,12 @@ Heartbeats rewrite a byte of the lease (``storage.touch``), so the file
 server stamps them. Releasing a lease sets its mtime to 1 (the epoch's first
 second: sshfs turns an mtime of 0 into "now"), which makes it claimable at once.
 
+A lease also records its process's identity (pid, start time, boot id:
+``storage.host.identity``). A process of the same host that can prove that
+holder gone (killed, its pod restarted under the same host name) treats the
+lease as stale at once instead of after ``lock_timeout`` (``is_live``); a
+lease of another host always waits out the timeout.
+
 Backups (``worker/speculation.py``) are the one exception to "one live lease
 per shard": a backup of a live, late attempt ``n`` is attempt ``n+1`` whose
 lease body says ``"backup_of": n``. It is published whole (write, then link),
@@ -40,7 +46,7 @@ import orjson
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.records.workers import WorkerLedger
 from data_juicer_elastic.storage.files import create_exclusive, dumps_json, publish_once, server_now, touch
-from data_juicer_elastic.storage.host import hostname
+from data_juicer_elastic.storage.host import holder_gone, hostname, identity
 from data_juicer_elastic.storage.refresher import LeaseRefresher
 
 SEP = "@"
@@ -80,6 +86,8 @@ class ClaimStore:
         self.pid = os.getpid() if pid is None else pid
         self._probe = job.clock_dir / f"{host}-{self.pid}"
         self._ledger: WorkerLedger | None = None
+        self._holders: dict[tuple[str, int], dict] = {}  # lease bodies read so far (a lease's body never changes)
+        self._gone: set[tuple[str, int]] = set()  # leases whose holder was proven gone (it stays gone)
 
     @property
     def ledger(self) -> WorkerLedger:
@@ -137,8 +145,31 @@ class ClaimStore:
         return float("inf") if mtime <= RELEASED_MTIME else now - mtime
 
     def is_live(self, shard: str, attempt: int, now: float) -> bool:
+        """Renewed within ``lock_timeout``, and not held by a process of this host that is provably gone."""
         age = self.heartbeat_age(shard, attempt, now)
-        return age is not None and age < self.lock_timeout
+        return age is not None and age < self.lock_timeout and not self.holder_gone(shard, attempt)
+
+    def holder_gone(self, shard: str, attempt: int) -> bool:
+        """Is the lease's holder a process of this host that no longer runs (``storage.host.holder_gone``)?
+
+        The lease body is read once per lease (it never changes) and only proves anything when it names
+        this host; another host's lease costs one read, then a dict lookup.
+        """
+        key = (shard, attempt)
+        if key in self._gone:
+            return True
+        body = self._holders.get(key)
+        if body is None:
+            body = read_lease(self.job, shard, attempt)
+            if not body or "pid" not in body:  # being written (create, then write) or unreadable: prove nothing
+                return False
+            self._holders[key] = body = {k: body.get(k) for k in ("host", "pid", "start", "boot")}
+        if body["host"] != self.host or (body["pid"] == os.getpid() and body["start"] == identity()["start"]):
+            return False
+        if holder_gone(body, self.host):
+            self._gone.add(key)
+            return True
+        return False
 
     def read_lease(self, shard: str, attempt: int) -> dict | None:
         return read_lease(self.job, shard, attempt)
@@ -159,7 +190,7 @@ class ClaimStore:
         attempt = current + 1
         token = uuid.uuid4().hex
         path = self.lease_path(shard, attempt)
-        body = {"shard": shard, "attempt": attempt, "host": self.host, "pid": self.pid, "token": token}
+        body = {"shard": shard, "attempt": attempt, "host": self.host, "token": token, **self._identity()}
         self.ledger.hold(shard, attempt)  # on disk before the lease: a crash from here on leaves a trace
         if not create_exclusive(path, dumps_json(body)):
             self.ledger.drop(shard, attempt)
@@ -175,7 +206,7 @@ class ClaimStore:
         attempt = original + 1
         token = uuid.uuid4().hex
         path = self.lease_path(shard, attempt)
-        body = {"shard": shard, "attempt": attempt, "host": self.host, "pid": self.pid, "token": token}
+        body = {"shard": shard, "attempt": attempt, "host": self.host, "token": token, **self._identity()}
         self.ledger.hold(shard, attempt)
         if not publish_once(path, dumps_json({**body, "backup_of": original})):  # appears whole
             self.ledger.drop(shard, attempt)
@@ -185,6 +216,12 @@ class ClaimStore:
             self.ledger.drop(shard, attempt)
             return None
         return lease
+
+    def _identity(self) -> dict:
+        """What a lease records of its holder: the pid, and this process's start time and boot id when the
+        store claims for this process (a store made for another pid records only that pid)."""
+        me = identity()
+        return me if self.pid == me["pid"] else {"pid": self.pid}
 
     def is_current(self, lease: Lease) -> bool:
         """True while no later attempt fences this one; attempt numbers only ever grow by one.
@@ -203,8 +240,12 @@ class ClaimStore:
 
     def release(self, lease: Lease) -> None:
         """Make the shard claimable at once (a released mtime reads as infinitely stale)."""
+        self.release_attempt(lease.shard, lease.attempt)
+
+    def release_attempt(self, shard: str, attempt: int) -> None:
+        """Release attempt ``attempt``'s lease, whoever made it (the caller knows it holds nothing)."""
         try:
-            os.utime(lease.path, (RELEASED_MTIME, RELEASED_MTIME))
+            os.utime(self.lease_path(shard, attempt), (RELEASED_MTIME, RELEASED_MTIME))
         except FileNotFoundError:
             pass
 

@@ -83,7 +83,8 @@ def test_skewed_clock_neither_steals_live_leases_nor_keeps_dead_ones(tmp_path, o
             cmd = _skewed(offset, cmd[3:])  # drop "python -m data_juicer_elastic.cli"
         return spawn(cmd, log=logs / f"{name}.log", **FAKE_ENV, **env)
 
-    owner = worker(skewed == "owner", "owner", DJE_TEST_SLEEP="60")
+    # another host than the rescuer's, which could otherwise prove the killed owner gone and take over at once
+    owner = worker(skewed == "owner", "owner", DJE_TEST_SLEEP="60", DJ_ELASTIC_HOSTNAME="owner")
     try:
         wait_for((job.attempts_dir / sid / "0001" / "started").exists, timeout=60)
         first = last_heartbeat(job, sid, 1)

@@ -213,7 +213,7 @@ TARGET = "part-00002-of-00004"
 def test_worker_killed_between_output_and_done_record(tmp_path, point):
     """Killed while writing its output, after writing it, after checking it, and after publishing done."""
     job = make_job(tmp_path, rows=40, shards=4, lock_timeout_secs=2.0, heartbeat_secs=0.2, max_retries=2)
-    env = {"DJE_TEST_DIE_SHARDS": TARGET}
+    env = {"DJE_TEST_DIE_SHARDS": TARGET, "DJ_ELASTIC_HOSTNAME": "victim"}  # the rescuer's host cannot prove it gone
     if point in ("mid-output", "after-output"):
         victim = spawn_worker(job, "die_after_output", DJE_TEST_DIE_HALF="1" if point == "mid-output" else "", **env)
     else:

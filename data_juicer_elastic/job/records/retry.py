@@ -1,7 +1,10 @@
 """The retry record, ``state/retry/<shard>.json``: attempts up to ``after_attempt`` no longer count.
 
 Written by ``requeue`` (``dj-elastic retry``), which also archives the shard's
-failed and done records in ``state/history``: nothing is deleted. Read by the
+failed and done records in ``state/history``: nothing is deleted. It releases
+the leases of the shard's attempts that ended (a done attempt's lease is never
+released, only no longer renewed): an ended attempt holds nothing, so the
+requeued shard is claimable at once instead of after ``lock_timeout``. Read by the
 worker's failure count (``retry_base``), which refuses one it cannot trust:
 a wrong number would hand a shard more, or fewer, retries than the policy says.
 """
@@ -17,6 +20,7 @@ from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.job.claims import claim_store
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.records._read import MISSING, load_object
+from data_juicer_elastic.job.records.attempt import load_attempt
 from data_juicer_elastic.job.records.done import load_done
 from data_juicer_elastic.storage.files import atomic_write, dumps_json
 
@@ -109,4 +113,13 @@ def requeue(job: JobDir, shard_ids: list[str] | None = None, *, all_failed: bool
         write_retry(job, RetryRecord(sid, latest, time.time(), count, publishers), stamp)
         for path in records:
             os.rename(path, job.history_dir / f"{stamp}-{sid}.{path.parent.name}.json")
+        for attempt in (latest, latest - 1):  # the latest, and the attempt it may back up
+            if attempt > 0 and _ended(job, sid, attempt):
+                store.release_attempt(sid, attempt)
     return list(shard_ids)
+
+
+def _ended(job: JobDir, shard: str, attempt: int) -> bool:
+    """Did the attempt end (its record names an outcome other than running)? Then its lease holds nothing."""
+    record = load_attempt(job.attempt_dir(shard, attempt))
+    return record is not None and record.outcome not in (None, "running")
