@@ -101,7 +101,7 @@ def install_story_console(mode: str | None = None) -> bool:
         return False
     from loguru import logger
 
-    from data_juicer_elastic.patches.loguru import replace_console_sinks
+    from data_juicer_elastic.patches.loguru import file_sinks_fit, replace_console_sinks
 
     def add(level: int) -> None:
         logger.add(sys.__stderr__, level=level, format=STORY_FORMAT, filter=_loguru_filter, colorize=None)
@@ -110,6 +110,7 @@ def install_story_console(mode: str | None = None) -> bool:
         if not replace_console_sinks(_is_console, add):  # another loguru: leave its output alone
             return False
         _installed["loguru"] = True
+    file_sinks_fit()  # named in the start-up line if not (plugin/executor.py moves Data-Juicer's log files)
     _route_python_warnings()
     quiet_ray_console()
     return True

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from typing import Any
 
 from data_juicer.core.executor.base import ExecutorBase
@@ -116,6 +117,35 @@ def job_spec(cfg: Any, recipe_text: str) -> JobSpec:
     )
 
 
+def own_log_files(cfg: Any) -> bool:
+    """Data-Juicer's log files of this process move into its own log folder (``event_log_dir``, under its
+    work dir's job id).
+
+    Data-Juicer names them ``export_<export path relative to the work dir>_time_<second>...``: with the
+    export path outside the job dir that name climbs out of the log folder, so every node of a run started
+    in the same second writes one shared file, and at exit the first node compresses and removes it while
+    the others print a FileNotFoundError traceback. False where the sinks could not be moved.
+    """
+    from data_juicer_elastic import patches
+    from data_juicer_elastic.patches.loguru import rehome_file_sinks
+
+    folder, export = cfg.get("event_log_dir"), cfg.get("export_path")
+    if not folder or not export:
+        return True
+    folder = os.path.abspath(folder)
+    ours = re.compile(rf"(export_)?{re.escape(os.path.basename(export))}_time_\d+")
+
+    def rename(path: str) -> str:
+        name = os.path.basename(path)
+        if os.path.dirname(path) == folder or not ours.match(name):
+            return path
+        return os.path.join(folder, name if name.startswith("export_") else f"export_{name}")
+
+    moved = rehome_file_sinks(rename)
+    patches.report(logger.warning)
+    return moved
+
+
 class ElasticShardExecutor(ExecutorBase):
     """Shards the input over every node sharing ``elastic_shard.job_dir``; see DESIGN.md."""
 
@@ -131,6 +161,7 @@ class ElasticShardExecutor(ExecutorBase):
                 "build it with data_juicer.config.init_configs / dj-process, and check DJ_ELASTIC_DISABLE is unset"
             )
         self.recipe_text = text
+        own_log_files(self.cfg)
         self.spec = job_spec(self.cfg, text)
 
     def run(self, load_data_np: int | None = None, skip_return: bool = False) -> None:
