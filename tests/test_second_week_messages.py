@@ -52,3 +52,22 @@ def test_a_global_op_refusal_still_explains_shard_independence(tmp_path, parse):
     assert message.rstrip().endswith(
         "run global ops: dedup, selection, grouping, aggregation, in a separate executor_type ray job)."
     ), message
+
+
+def test_an_edited_recipe_under_an_ended_run_id_gets_one_message_naming_the_way_out(tmp_path):
+    from .cluster import Cluster, finish
+
+    c = Cluster(tmp_path, rows=40, shards=4)
+    assert finish([c.start_one("node-0", "--project", "alpha", run_id="sim-1")]) == [0]
+    [again] = [c.start_one("node-1", "--project", "beta", run_id="sim-1")]
+    assert finish([again]) == [2], again.output
+    line = again.last_line()
+    assert "FAIL: run sim-1 already ended (exit 0) with a different recipe" in line, again.output
+    assert "'alpha'" in line and "'beta'" in line and "new run id" in line, line
+    assert "reporting its recorded outcome" not in again.output, again.output
+    assert "this process's recipe differs" not in again.output, again.output
+    # the same recipe under the ended run id: the one line saying its outcome is replayed, then that outcome
+    [same] = [c.start_one("node-2", "--project", "alpha", run_id="sim-1")]
+    assert finish([same]) == [0], same.output
+    assert "run sim-1 already ended (exit 0); reporting its recorded outcome" in same.output
+    assert same.last_line().split("| ")[-1].startswith("PASS:"), same.output
