@@ -71,3 +71,58 @@ def test_an_edited_recipe_under_an_ended_run_id_gets_one_message_naming_the_way_
     assert finish([same]) == [0], same.output
     assert "run sim-1 already ended (exit 0); reporting its recorded outcome" in same.output
     assert same.last_line().split("| ")[-1].startswith("PASS:"), same.output
+
+
+NOISE_PROBE = """
+import logging, sys
+from loguru import logger
+logger.remove()
+logger.add(sys.stderr, level="INFO")  # as Data-Juicer sets its console and its log file up
+logger.add(sys.argv[1], level="INFO")
+import ray  # Ray's console handler
+from data_juicer_elastic import console
+console.install_story_console(sys.argv[2])
+console.quiet_ray_console()  # as the runner does before ray.init
+logging.getLogger("ray._private.authentication.authentication_token_setup").warning(
+    "Token authentication is enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled to opt out.")
+logging.getLogger("ray._private.services").warning(
+    "Found multiple active Ray instances: {'a:1', 'b:2'}. Connecting to latest cluster at b:2.")
+logger.warning("No config file found in work directory: /j/dj-work/x")
+with console.attempt_log(sys.argv[3]):
+    for op in ("a_mapper", "b_filter"):
+        logger.warning(f"Neither the required memory nor cpu of Op[{op}] is specified. We recommend ...")
+logging.getLogger("ray.data").warning("a warning of Ray's that is news")
+"""
+NOISE = (
+    "Token authentication is enabled",
+    "Found multiple active Ray instances",
+    "No config file found in work directory",
+    "Neither the required memory nor cpu",
+)
+
+
+@pytest.mark.parametrize("mode", ["story", "full"])
+def test_start_up_and_per_op_noise_goes_to_the_logs_in_story_mode(tmp_path, mode):
+    import subprocess
+    import sys
+
+    from .jobs import env_with
+
+    process_log, attempt_log = tmp_path / "process.log", tmp_path / "attempt.log"
+    out = subprocess.run(
+        [sys.executable, "-c", NOISE_PROBE, str(process_log), mode, str(attempt_log)],
+        capture_output=True,
+        text=True,
+        env=env_with(),
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    console = out.stdout + out.stderr
+    assert "a warning of Ray's that is news" in console, console
+    if mode == "full":
+        assert all(noise in console for noise in NOISE), console
+        return
+    assert not [noise for noise in NOISE if noise in console], console
+    process, attempt = process_log.read_text(), attempt_log.read_text()
+    assert all(noise in process for noise in NOISE[:3]), process
+    assert attempt.count("Neither the required memory nor cpu") == 2, attempt
