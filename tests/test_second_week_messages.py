@@ -126,3 +126,29 @@ def test_start_up_and_per_op_noise_goes_to_the_logs_in_story_mode(tmp_path, mode
     process, attempt = process_log.read_text(), attempt_log.read_text()
     assert all(noise in process for noise in NOISE[:3]), process
     assert attempt.count("Neither the required memory nor cpu") == 2, attempt
+
+
+@pytest.mark.parametrize(
+    "size, nodes, expected",
+    [
+        (2 << 20, None, 8),  # 2 MB, nodes unset: was 1
+        (2 << 20, 3, 12),  # was 3: no slack at all
+        (100 << 10, None, 1),  # too small to be worth splitting (each shard at least 64 KiB)
+        (100 << 10, 3, 3),  # still one per node
+        (3 << 30, 2, 12),  # one per 256 MiB wins over the floor
+    ],
+)
+def test_auto_num_shards_gives_each_node_several_shards(tmp_path, monkeypatch, size, nodes, expected):
+    from loguru import logger
+
+    from data_juicer_elastic.plugin import executor
+
+    monkeypatch.setattr(executor, "input_bytes", lambda *_: size)
+    lines: list[str] = []
+    sink = logger.add(lambda m: lines.append(str(m)), level="INFO", format="{message}")
+    try:
+        assert executor.auto_num_shards(str(tmp_path), nodes, None) == expected
+    finally:
+        logger.remove(sink)
+    [line] = [x for x in lines if x.startswith("num_shards auto:")]
+    assert f"num_shards auto: {expected} for" in line, line

@@ -33,7 +33,10 @@ from data_juicer_elastic.prepare.existing import prepared_shard_count
 from data_juicer_elastic.prepare.inputs import discover
 from data_juicer_elastic.watch import ProgressTicker
 
-AUTO_SHARD_BYTES = 256 << 20  # num_shards "auto": about this much input per shard
+AUTO_SHARD_BYTES = 256 << 20  # num_shards "auto": at most about this much input per shard
+AUTO_SHARDS_PER_NODE = 4  # ... and at least this many shards per expected node, so a slow node is not the tail
+AUTO_SHARDS_NODES_UNSET = 8  # ... or this many when the recipe does not say how many nodes take part
+AUTO_MIN_SHARD_BYTES = 64 << 10  # ... but no shard below this size for those extra shards
 
 
 def input_bytes(dataset_path: str, job_dir: str | None = None) -> int:
@@ -47,10 +50,26 @@ def input_bytes(dataset_path: str, job_dir: str | None = None) -> int:
 
 
 def auto_num_shards(dataset_path: str, nodes: int | None = None, job_dir: str | None = None) -> int:
-    """About one shard per AUTO_SHARD_BYTES, at least one per node, a multiple of ``nodes``."""
-    shards = max(1, math.ceil(input_bytes(dataset_path, job_dir) / AUTO_SHARD_BYTES))
+    """Several shards per node, so nodes that finish early take over the remaining work.
+
+    One shard per AUTO_SHARD_BYTES at least; at least AUTO_SHARDS_PER_NODE per expected node (or
+    AUTO_SHARDS_NODES_UNSET without ``nodes``) as long as each keeps AUTO_MIN_SHARD_BYTES; never fewer
+    than one per node, and a multiple of ``nodes``. The reasoning is logged in one line."""
+    size = input_bytes(dataset_path, job_dir)
+    by_size = max(1, math.ceil(size / AUTO_SHARD_BYTES))
+    floor = AUTO_SHARDS_PER_NODE * nodes if nodes else AUTO_SHARDS_NODES_UNSET
+    room = max(1, size // AUTO_MIN_SHARD_BYTES)
+    shards = max(by_size, min(floor, room))
     if nodes:
         shards = math.ceil(max(shards, nodes) / nodes) * nodes
+    logger.info(
+        f"num_shards auto: {shards} for {size / (1 << 20):.1f} MiB of input "
+        f"(one per {AUTO_SHARD_BYTES >> 20} MiB: {by_size}; "
+        + (f"{AUTO_SHARDS_PER_NODE} per node for nodes={nodes}" if nodes else "nodes unset")
+        + f": at least {floor}, each at least {AUTO_MIN_SHARD_BYTES >> 10} KiB: at most {room}"
+        + (f"; a multiple of nodes={nodes}" if nodes else "")
+        + ")"
+    )
     return shards
 
 
