@@ -6,6 +6,9 @@ path beside the job dir, not inside it.
 
 from __future__ import annotations
 
+import gzip
+import re
+
 import pytest
 
 from .nodes import Nodes
@@ -44,4 +47,7 @@ def test_data_juicer_log_files_stay_in_each_process_log_folder(three_nodes):
     assert logs, "no Data-Juicer log file found"
     for run in runs:
         assert list((run / "logs").glob("export_merged.jsonl_time_*_DEBUG.txt*")), logs
+        [main] = [p for p in (run / "logs").glob("export_merged.jsonl_time_*") if re.search(r"_\d+\.txt", p.name)]
+        text = (gzip.open(main) if main.suffix == ".gz" else open(main, "rb")).read().decode()
+        assert "dataset_path config is set" in text and "PASS:" in text, text[-3000:]  # start-up lines kept
     assert all(name.split("/")[1] == "logs" for name in logs), logs

@@ -91,9 +91,9 @@ def file_sinks_fit() -> bool:
 
 def rehome_file_sinks(rename: Callable[[str], str]) -> bool:
     """Every loguru file sink writes to ``rename(its path)`` instead (same level, filter, serialization,
-    compression); a sink whose path ``rename`` keeps stays as it is. The file left behind is not compressed
-    at exit (that removes it, while other processes may still write it) but removed now. False, and nothing
-    changed, where loguru's internals are not as expected."""
+    compression), after what the old file holds; a sink whose path ``rename`` keeps stays as it is. The old
+    file is not compressed at exit (that removes it, while other processes may still write it) but removed
+    now. False, and nothing changed, where loguru's internals are not as expected."""
     if not file_sinks_fit():
         return False
     try:
@@ -104,6 +104,7 @@ def rehome_file_sinks(rename: Callable[[str], str]) -> bool:
 
 def _rehome(rename: Callable[[str], str]) -> bool:
     import os
+    import shutil
 
     from loguru import logger
     from loguru._file_sink import FileSink
@@ -123,11 +124,15 @@ def _rehome(rename: Callable[[str], str]) -> bool:
         moved.append((hid, sink, sink._file_path, settings))
     added = []
     for hid, sink, old, settings in moved:
+        new = rename(old)
         sink._compression_function = None
-        added.append(logger.add(rename(old), format=DJ_FILE_FORMAT, **settings))
-        logger.remove(hid)
-        try:  # its few lines (the start-up's) were on the console too
+        logger.remove(hid)  # its queued lines written first
+        try:  # what it holds (the start-up's lines) goes first in the new file
+            os.makedirs(os.path.dirname(new), exist_ok=True)
+            with open(old, "rb") as src, open(new, "ab") as dst:
+                shutil.copyfileobj(src, dst)
             os.remove(old)
         except OSError:
             pass
+        added.append(logger.add(new, format=DJ_FILE_FORMAT, **settings))
     return all(hid in logger._core.handlers for hid in added)
