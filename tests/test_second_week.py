@@ -37,6 +37,17 @@ def test_no_node_of_a_passed_run_prints_a_traceback(three_nodes):
             assert sign not in node.output, f"{node.host}:\n{node.output}"
 
 
+def test_start_up_and_per_op_noise_stays_off_every_node_console(three_nodes):
+    for node in three_nodes.nodes:
+        for noise in (
+            "Neither the required memory nor cpu",
+            "No config file found in work directory",
+            "Token authentication is enabled",
+            "Found multiple active Ray instances",
+        ):
+            assert noise not in node.output, f"{node.host}:\n{node.output}"
+
+
 def test_data_juicer_log_files_stay_in_each_process_log_folder(three_nodes):
     """Data-Juicer names its log files after the export path relative to its work dir; they stay in the
     log folder of each process's own work dir, never in one shared folder of the job."""
