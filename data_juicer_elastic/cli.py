@@ -7,6 +7,7 @@ come from jsonargparse and exit 2 as well.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 
@@ -31,41 +32,60 @@ from data_juicer_elastic.worker.speculation import Speculation
 
 def _job_dir_arg(p: ArgumentParser) -> None:
     p.add_argument("--job-dir", required=True, help="the shared job directory")
-    p.add_argument(
-        "--generation", default=None, help="the recipe generation to act on (default: the latest submission's)"
-    )
+    p.add_argument("--generation", default=None, help="the recipe generation to act on; null: the latest submission's")
 
 
 def _job(a: Namespace) -> JobDir:
     return JobDir(a.job_dir, a.generation)
 
 
+# the recipe's elastic_shard keys `dj-elastic prepare` can override
+_PREPARE_OVERRIDES = {
+    "--num-shards": int,
+    "--lock-timeout-secs": float,
+    "--heartbeat-secs": float,
+    "--max-retries": int,
+    "--poll-interval-secs": float,
+}
+
+
 def _prepare_args(p: ArgumentParser) -> None:
+    from data_juicer_elastic.plugin.schema import setting_help
+
     p.add_argument("--config", required=True, help="the Data-Juicer recipe (YAML)")
-    p.add_argument("--dataset-path", default=None, help="input JSONL file or directory (default: the recipe's)")
-    p.add_argument("--job-dir", default=None, help="job directory (default: the recipe's elastic_shard.job_dir)")
-    p.add_argument("--num-shards", type=int, default=None)
-    p.add_argument("--lock-timeout-secs", type=float, default=None)
-    p.add_argument("--heartbeat-secs", type=float, default=None)
-    p.add_argument("--max-retries", type=int, default=None)
-    p.add_argument("--poll-interval-secs", type=float, default=None)
-    p.add_argument("--ray-address", default=None, help="node-local Ray runtime for workers (default: local)")
+    p.add_argument("--dataset-path", default=None, help="input JSONL file or directory; null: the recipe's")
+    p.add_argument("--job-dir", default=None, help="job directory; null: the recipe's elastic_shard.job_dir")
+    for option, kind in _PREPARE_OVERRIDES.items():
+        key = option[2:].replace("-", "_")
+        what = "number of input shards" if key == "num_shards" else setting_help(key).rstrip(".")
+        p.add_argument(option, type=kind, default=None, help=f"{what}; null: the recipe's {key}")
+    p.add_argument("--ray-address", default=None, help="node-local Ray runtime for workers; null: the recipe's")
 
 
 def _worker_args(p: ArgumentParser) -> None:
+    from data_juicer_elastic.plugin.schema import setting_help
+
     _job_dir_arg(p)
     p.add_argument("--max-shards", type=int, default=None, help="stop after completing this many shards")
-    p.add_argument("--runner", default=None, help="MODULE:ATTR runner (default: Data-Juicer's RayExecutor)")
-    p.add_argument("--allow-version-mismatch", action="store_true")
+    p.add_argument("--runner", default=None, help="MODULE:ATTR runner; null: Data-Juicer's RayExecutor")
+    p.add_argument(
+        "--allow-version-mismatch",
+        action="store_true",
+        help="work even where this node's Data-Juicer / data-juicer-elastic versions differ from the manifest's",
+    )
     p.add_argument("--ray-address", default=None, help="override the manifest's node-local Ray address")
     p.add_argument("--stop-when-idle", action="store_true", help="exit 1 instead of waiting on others' leases")
     p.add_argument(
         "--prefetch-shards", type=int, default=1, help="shards claimed and read in ahead of the one running (0: none)"
     )
     p.add_argument("--no-speculation", action="store_true", help="never back up another host's late shard")
-    p.add_argument("--speculation-quantile", type=float, default=Speculation.quantile)
-    p.add_argument("--speculation-multiplier", type=float, default=Speculation.multiplier)
-    p.add_argument("--speculation-min-secs", type=float, default=Speculation.min_secs)
+    for option, default in (
+        ("--speculation-quantile", Speculation.quantile),
+        ("--speculation-multiplier", Speculation.multiplier),
+        ("--speculation-min-secs", Speculation.min_secs),
+    ):
+        key = option[2:].replace("-", "_")
+        p.add_argument(option, type=float, default=default, help=setting_help(key).rstrip("."))
 
 
 def _status_args(p: ArgumentParser) -> None:
@@ -84,8 +104,8 @@ def _retry_args(p: ArgumentParser) -> None:
 
 def _merge_args(p: ArgumentParser) -> None:
     _job_dir_arg(p)
-    p.add_argument("--output", required=True)
-    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--output", required=True, help="the merged JSONL file to write")
+    p.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
 
 
 def _verify_args(p: ArgumentParser) -> None:
@@ -99,7 +119,12 @@ def _run_args(p: ArgumentParser) -> None:
 
 def _report_args(p: ArgumentParser) -> None:
     _job_dir_arg(p)
-    p.add_argument("--output", default=None, help="where to write it (default: <job-dir>/report.html)")
+    p.add_argument(
+        "--output",
+        default=None,
+        help="where to write it; null: report.html in the generation's folder "
+        "(<job-dir>/generations/<generation>/, where each run's finalize writes it)",
+    )
 
 
 # name -> (description, one-line help, arguments)
@@ -135,8 +160,18 @@ SUBCOMMANDS = {
 }
 
 
+class _Parser(ArgumentParser):
+    """Argument errors name options as typed (``--job-dir``), not as jsonargparse's keys (``status.job_dir``)."""
+
+    _KEY = re.compile(r"\b(?:" + "|".join(SUBCOMMANDS) + r")\.([a-z_]+)\b")
+
+    def error(self, message: str, *args: object, **kwargs: object):  # type: ignore[override]
+        message = self._KEY.sub(lambda m: "--" + m.group(1).replace("_", "-"), message)
+        return super().error(message, *args, **kwargs)
+
+
 def _parser() -> ArgumentParser:
-    root = ArgumentParser(prog="dj-elastic", description="Elastic shard jobs for Data-Juicer on a shared directory.")
+    root = _Parser(prog="dj-elastic", description="Elastic shard jobs for Data-Juicer on a shared directory.")
     sub = root.add_subcommands(dest="command")
     for name, (description, help_text, add_args) in SUBCOMMANDS.items():
         p = ArgumentParser(description=description)

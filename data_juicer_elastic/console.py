@@ -42,6 +42,14 @@ NOT_FOR_THE_STORY = (
     "does not have any available CPUs",
     # Ray Data's Dataset.filter(fn=...), which Data-Juicer's RayDataset calls for every Filter
     "Use 'expr' instead of 'fn'",
+    # Data-Juicer's RayExecutor, once per op and shard: the ops run on the resources Ray gives them
+    "Neither the required memory nor cpu of Op[",
+    # Data-Juicer's resumption check, on every run: elastic_shard never resumes a Data-Juicer job
+    "No config file found in work directory",
+    # Ray's local start: the default of this Ray, nothing to act on for a job
+    "Token authentication is enabled for this Ray cluster",
+    # Ray, with several nodes' Ray instances on one machine (tests, a laptop): each connects to its own
+    "Found multiple active Ray instances",
 )
 STORY_FORMAT = "<green>{time:YYYY-MM-DD HH:mm:ss}</green> | <level>{level: <7}</level> | {message}"
 
@@ -101,7 +109,7 @@ def install_story_console(mode: str | None = None) -> bool:
         return False
     from loguru import logger
 
-    from data_juicer_elastic.patches.loguru import replace_console_sinks
+    from data_juicer_elastic.patches.loguru import file_sinks_fit, replace_console_sinks
 
     def add(level: int) -> None:
         logger.add(sys.__stderr__, level=level, format=STORY_FORMAT, filter=_loguru_filter, colorize=None)
@@ -110,6 +118,7 @@ def install_story_console(mode: str | None = None) -> bool:
         if not replace_console_sinks(_is_console, add):  # another loguru: leave its output alone
             return False
         _installed["loguru"] = True
+    file_sinks_fit()  # named in the start-up line if not (plugin/executor.py moves Data-Juicer's log files)
     _route_python_warnings()
     quiet_ray_console()
     return True
@@ -134,8 +143,18 @@ def _route_python_warnings() -> None:
 
 
 class _RayConsoleFilter(logging.Filter):
+    """Ray's console handlers keep the story's records; the others, outside an attempt (whose log has
+    them from its own handler), go to the process's log (Data-Juicer's loguru log files)."""
+
     def filter(self, record: logging.LogRecord) -> bool:
-        return story_record(record.name, record.levelno, record.getMessage())
+        message = record.getMessage()
+        if story_record(record.name, record.levelno, message):
+            return True
+        if not _attempt_logs:
+            from loguru import logger
+
+            logger.patch(lambda r: r.update(name=record.name)).log(record.levelname, message)
+        return False
 
 
 _RAY_FILTER = _RayConsoleFilter()

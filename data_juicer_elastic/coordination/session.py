@@ -116,10 +116,12 @@ class _Session:
             + f" job_dir={self.spec.job_dir}"
         )
         run = RunDir.open(run_root(self.spec.job_dir, self.run_id), self.run_id, self.host)
-        self.note_replay(run)
+        ended = self.ended_before(run)
         outcome = coordinate(run, "prepare", self.do_prepare, self.spec, self.log)
         if outcome.exit_code == EXIT_OK:
-            outcome = self.check_same_request(outcome)
+            outcome = self.check_same_request(outcome, ended)
+        elif ended is not None:
+            self.note_replay(ended)
         if outcome.exit_code == EXIT_OK:
             job = JobDir(self.spec.job_dir, outcome.generation, shared_link_check=True)
             run.register(rank)
@@ -127,8 +129,11 @@ class _Session:
         self.log(("PASS: " if outcome.exit_code == EXIT_OK else "FAIL: ") + outcome.message)
         return outcome.exit_code
 
-    def check_same_request(self, prepared: Outcome) -> Outcome:
-        """Refuse to work on what the prepare coordinator prepared when this process was asked for something else."""
+    def check_same_request(self, prepared: Outcome, ended: Outcome | None = None) -> Outcome:
+        """Refuse to work on what the prepare coordinator prepared when this process was asked for something else.
+
+        ``ended``: the run's recorded outcome when the run id had already ended before this process started
+        (then one line says so, or, with another recipe, the refusal says it instead)."""
         if prepared.host == self.host and prepared.pid == os.getpid():
             return prepared
         request = self.spec.make_prepare_request()
@@ -138,29 +143,40 @@ class _Session:
             theirs = job.recipe_path.read_text(encoding="utf-8", errors="replace")
             diffs += recipe_differences(theirs, request.recipe_text.decode("utf-8", "replace")) or ["recipe: differs"]
         if not diffs:
+            if ended is not None:
+                self.note_replay(ended)
             return prepared
-        return Outcome(
-            EXIT_FAILED,
-            f"this process's recipe differs from the one this run prepared (run {self.run_id}, prepared by "
-            f"host={prepared.host} pid={prepared.pid}, generation {prepared.generation or '-'}): "
-            + "; ".join(diffs)
-            + ". It does not work on a recipe it was not given: start every process of a run with the same "
-            "recipe; to change the recipe, submit it again as a new run (a new generation reuses the shards)",
-            self.host,
-            os.getpid(),
-        )
-
-    def note_replay(self, run: RunDir) -> None:
-        """Say so when this run id already ended: its recorded outcome is all a process will get."""
-        prepared = run.read("prepare.result.json")
-        ended = (
-            (prepared if prepared and prepared.exit_code else None) or run.read("finalize.result.json") or run.aborted()
-        )
-        if ended:
-            self.log(
-                f"run {self.run_id} already ended (exit {ended.exit_code}); reporting its recorded outcome. "
-                "To run the job again, submit it with a new run id"
+        if ended is not None:
+            message = (
+                f"run {self.run_id} already ended (exit {ended.exit_code}) with a different recipe, so this "
+                "process's recipe was not run: "
+                + "; ".join(diffs)
+                + ". To run this recipe, submit it with a new run id (a new generation reuses the shards)"
             )
+        else:
+            message = (
+                f"this process's recipe differs from the one this run prepared (run {self.run_id}, prepared by "
+                f"host={prepared.host} pid={prepared.pid}, generation {prepared.generation or '-'}): "
+                + "; ".join(diffs)
+                + ". It does not work on a recipe it was not given: start every process of a run with the same "
+                "recipe; to change the recipe, submit it again as a new run (a new generation reuses the shards)"
+            )
+        return Outcome(EXIT_FAILED, message, self.host, os.getpid())
+
+    @staticmethod
+    def ended_before(run: RunDir) -> Outcome | None:
+        """The run's recorded outcome if this run id already ended (a failed prepare, a finalize, an abort)."""
+        prepared = run.read("prepare.result.json")
+        return (
+            (prepared if prepared and prepared.exit_code else None) or run.read("finalize.result.json") or run.aborted()
+        ) or None
+
+    def note_replay(self, ended: Outcome) -> None:
+        """Say so when this run id already ended: its recorded outcome is all a process will get."""
+        self.log(
+            f"run {self.run_id} already ended (exit {ended.exit_code}); reporting its recorded outcome. "
+            "To run the job again, submit it with a new run id"
+        )
 
     def do_prepare(self) -> Outcome:
         request = self.spec.make_prepare_request()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from typing import Any
 
 from data_juicer.core.executor.base import ExecutorBase
@@ -32,7 +33,10 @@ from data_juicer_elastic.prepare.existing import prepared_shard_count
 from data_juicer_elastic.prepare.inputs import discover
 from data_juicer_elastic.watch import ProgressTicker
 
-AUTO_SHARD_BYTES = 256 << 20  # num_shards "auto": about this much input per shard
+AUTO_SHARD_BYTES = 256 << 20  # num_shards "auto": at most about this much input per shard
+AUTO_SHARDS_PER_NODE = 4  # ... and at least this many shards per expected node, so a slow node is not the tail
+AUTO_SHARDS_NODES_UNSET = 8  # ... or this many when the recipe does not say how many nodes take part
+AUTO_MIN_SHARD_BYTES = 64 << 10  # ... but no shard below this size for those extra shards
 
 
 def input_bytes(dataset_path: str, job_dir: str | None = None) -> int:
@@ -46,10 +50,26 @@ def input_bytes(dataset_path: str, job_dir: str | None = None) -> int:
 
 
 def auto_num_shards(dataset_path: str, nodes: int | None = None, job_dir: str | None = None) -> int:
-    """About one shard per AUTO_SHARD_BYTES, at least one per node, a multiple of ``nodes``."""
-    shards = max(1, math.ceil(input_bytes(dataset_path, job_dir) / AUTO_SHARD_BYTES))
+    """Several shards per node, so nodes that finish early take over the remaining work.
+
+    One shard per AUTO_SHARD_BYTES at least; at least AUTO_SHARDS_PER_NODE per expected node (or
+    AUTO_SHARDS_NODES_UNSET without ``nodes``) as long as each keeps AUTO_MIN_SHARD_BYTES; never fewer
+    than one per node, and a multiple of ``nodes``. The reasoning is logged in one line."""
+    size = input_bytes(dataset_path, job_dir)
+    by_size = max(1, math.ceil(size / AUTO_SHARD_BYTES))
+    floor = AUTO_SHARDS_PER_NODE * nodes if nodes else AUTO_SHARDS_NODES_UNSET
+    room = max(1, size // AUTO_MIN_SHARD_BYTES)
+    shards = max(by_size, min(floor, room))
     if nodes:
         shards = math.ceil(max(shards, nodes) / nodes) * nodes
+    logger.info(
+        f"num_shards auto: {shards} for {size / (1 << 20):.1f} MiB of input "
+        f"(one per {AUTO_SHARD_BYTES >> 20} MiB: {by_size}; "
+        + (f"{AUTO_SHARDS_PER_NODE} per node for nodes={nodes}" if nodes else "nodes unset")
+        + f": at least {floor}, each at least {AUTO_MIN_SHARD_BYTES >> 10} KiB: at most {room}"
+        + (f"; a multiple of nodes={nodes}" if nodes else "")
+        + ")"
+    )
     return shards
 
 
@@ -116,6 +136,35 @@ def job_spec(cfg: Any, recipe_text: str) -> JobSpec:
     )
 
 
+def own_log_files(cfg: Any) -> bool:
+    """Data-Juicer's log files of this process move into its own log folder (``event_log_dir``, under its
+    work dir's job id).
+
+    Data-Juicer names them ``export_<export path relative to the work dir>_time_<second>...``: with the
+    export path outside the job dir that name climbs out of the log folder, so every node of a run started
+    in the same second writes one shared file, and at exit the first node compresses and removes it while
+    the others print a FileNotFoundError traceback. False where the sinks could not be moved.
+    """
+    from data_juicer_elastic import patches
+    from data_juicer_elastic.patches.loguru import rehome_file_sinks
+
+    folder, export = cfg.get("event_log_dir"), cfg.get("export_path")
+    if not folder or not export:
+        return True
+    folder = os.path.abspath(folder)
+    ours = re.compile(rf"(export_)?{re.escape(os.path.basename(export))}_time_\d+")
+
+    def rename(path: str) -> str:
+        name = os.path.basename(path)
+        if os.path.dirname(path) == folder or not ours.match(name):
+            return path
+        return os.path.join(folder, name if name.startswith("export_") else f"export_{name}")
+
+    moved = rehome_file_sinks(rename)
+    patches.report(logger.warning)
+    return moved
+
+
 class ElasticShardExecutor(ExecutorBase):
     """Shards the input over every node sharing ``elastic_shard.job_dir``; see DESIGN.md."""
 
@@ -131,6 +180,7 @@ class ElasticShardExecutor(ExecutorBase):
                 "build it with data_juicer.config.init_configs / dj-process, and check DJ_ELASTIC_DISABLE is unset"
             )
         self.recipe_text = text
+        own_log_files(self.cfg)
         self.spec = job_spec(self.cfg, text)
 
     def run(self, load_data_np: int | None = None, skip_return: bool = False) -> None:

@@ -122,8 +122,24 @@ _ARGS: dict[str, tuple[Any, str]] = {
 }
 
 
+def setting_help(name: str) -> str:
+    """The help text of the ``elastic_shard.<name>`` key."""
+    return _ARGS[name][1]
+
+
+def _name_choice_types(parser: Any) -> None:
+    """jsonargparse gives an option with both a type hint and choices (``executor_type``: ``str``, and the
+    choices this plugin widens) an anonymous ``lambda`` as its type, which ``--help`` prints as
+    ``<function <locals>.<lambda> at 0x...>``: a plain ``str`` hint gets ``str`` back (the same conversion)."""
+    for action in parser._actions:
+        kind = getattr(action, "type", None)
+        if action.choices and getattr(kind, "__name__", "") == "<lambda>" and getattr(action, "_typehint", None) is str:
+            action.type = str
+
+
 def add_arguments(parser: Any) -> None:
     """Add ``--elastic_shard.*`` to a jsonargparse parser (no-op if already there)."""
+    _name_choice_types(parser)
     if any(getattr(a, "dest", None) == f"{KEY}.job_dir" for a in parser._actions):
         return
     defaults = ElasticShardSettings()

@@ -86,7 +86,7 @@ def op_problem(entry: OpEntry) -> str | None:
 
     cls = OPERATORS.modules.get(entry.name)
     if cls is None:
-        return "unknown operator; check the name, or list the module defining it in custom_operator_paths"
+        return UNKNOWN_OP
     global_kinds = (
         (Deduplicator, "a Deduplicator compares rows across the whole dataset"),
         (Selector, "a Selector picks rows from the whole dataset"),
@@ -209,33 +209,47 @@ def _export_problems(cfg: Any) -> list[str]:
     return problems
 
 
-def recipe_problems(cfg: Any, process: list[Any] | None = None) -> list[str]:
-    """Everything wrong with ``cfg`` for elastic_shard (``process`` overrides cfg.process)."""
+UNKNOWN_OP = "unknown operator; check the name, or list the module defining it in custom_operator_paths"
+# after the problems, where an op was refused for what it is (not for a typo in its name or arguments)
+GLOBAL_OPS_HINT = (
+    "Only shard-independent Mapper/Filter ops run shard by shard (run global ops: dedup, selection, "
+    "grouping, aggregation, in a separate executor_type ray job)."
+)
+
+
+def _problems(cfg: Any, process: list[Any] | None) -> tuple[list[str], bool]:
+    """Every problem, and whether an op was refused for its kind (one that cannot run shard by shard)."""
     problems = path_problems(cfg)
     ops = list(iter_ops(cfg.get("process") if process is None else process))
     if not ops:
         problems.append("the process list is empty; nothing to run")
     strict = cfg.get("strict_preflight", True) is not False  # Data-Juicer's switch for the same check at run time
+    kind_refused = False
     for entry in ops:
         why = op_problem(entry)
         if why:
             problems.append(f"{entry.where}: {why}")
+            kind_refused = kind_refused or why != UNKNOWN_OP
         elif strict:
             problems.extend(f"{entry.where}: {p}" for p in argument_problems(entry))
-    return problems
+    return problems, kind_refused
+
+
+def recipe_problems(cfg: Any, process: list[Any] | None = None) -> list[str]:
+    """Everything wrong with ``cfg`` for elastic_shard (``process`` overrides cfg.process)."""
+    return _problems(cfg, process)[0]
 
 
 def validate(cfg: Any, process: list[Any] | None = None, source: str | None = None) -> None:
-    """Raise one UserError naming every problem (and the recipe file) if there is any."""
-    problems = recipe_problems(cfg, process)
+    """Raise one UserError naming every problem (and the recipe file) if there is any; the line on
+    shard-independent ops only where an op was refused for its kind."""
+    problems, kind_refused = _problems(cfg, process)
     if problems:
         where = f"{source}: " if source else ""
         raise UserError(
             f"{where}this recipe cannot run with executor_type elastic_shard:\n"
             + "\n".join(f"  - {p}" for p in problems)
-            + "\nOnly shard-independent Mapper/Filter ops run shard by shard (run global ops: dedup, selection, "
-            "grouping, aggregation, in a separate executor_type ray job), and every op argument must be one "
-            "that the op takes."
+            + (f"\n{GLOBAL_OPS_HINT}" if kind_refused else "")
         )
 
 
