@@ -124,13 +124,24 @@ def attempt_outcomes(job: JobDir) -> dict[str, list[str]]:
         outcomes = []
         for n in range(1, max(numbers, default=0) + 1):
             try:
-                outcomes.append(
-                    orjson.loads((job.attempt_dir(shard_dir.name, n) / "attempt.json").read_bytes())["outcome"]
-                )
+                outcomes.append(settled_record(job.attempt_dir(shard_dir.name, n) / "attempt.json")["outcome"])
             except FileNotFoundError:
                 outcomes.append("missing")
         result[shard_dir.name] = outcomes
     return result
+
+
+def settled_record(path: Path, settle_secs: float = 10.0) -> dict:
+    """A JSON record as it settles: a record another mount replaced may read cut for a moment (sshfs keeps the
+    old size in its attribute cache), so a cut read is read again, as the product's readers wait it out too."""
+    deadline = time.monotonic() + settle_secs
+    while True:
+        try:
+            return orjson.loads(path.read_bytes())
+        except ValueError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 def last_heartbeat(job: JobDir, sid: str, attempt: int) -> float:

@@ -73,3 +73,23 @@ def test_an_old_complete_snapshot_is_never_taken_at_its_word(tmp_path):
     assert not snap.complete and snap.done == 2
     result = run_worker(job.root, copy, host="next", log=_quiet)
     assert result.exit_code == 0 and result.completed == [sid]
+
+
+def test_a_worker_record_read_as_missing_never_ratchets_the_count(tmp_path):
+    """A record read cut or ESTALE while it is replaced adds nothing to that sweep: the count drops (a
+    delay), the listing fallback does not take its shards for unaccounted ones, and once the record reads
+    again a retried shard still counts as not done."""
+    job = make_job(tmp_path, rows=40, shards=4)
+    for host in ("a", "b"):
+        assert run_worker(job.root, copy, host=host, max_shards=2, log=_quiet).exit_code == 0
+    (record,) = [p for p in job.workers_dir.iterdir() if p.name.startswith("a-")]
+    whole = record.read_bytes()
+    record.write_bytes(whole[: len(whole) // 2])  # what a read through another mount's stale cache returns
+    cut = _sweep(job)
+    assert cut.done == 2 and cut.legacy_done == 0
+
+    record.write_bytes(whole)
+    snap = build(job, claim_store(job, "observer"), cut)
+    assert snap.done == 4
+    requeue(job, [job.manifest().shards[0].id])
+    assert build(job, claim_store(job, "observer"), snap).done == 3

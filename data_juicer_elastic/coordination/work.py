@@ -45,9 +45,16 @@ class AfterPrepare:
     log: Log
     job: JobDir
     run: RunDir  # <job_dir>/runs/<run-key>; self.job is the generation this process works on
+    # The runner of a claim loop that ended the job: closed after finalize, so stopping Ray (a second or
+    # two) never sits between the job's last shard and its merge.
+    runner_kept: object | None = None
 
     def work_and_finalize(self) -> Outcome:
-        return self.work_phase() or self.finalize_phase()
+        try:
+            return self.work_phase() or self.finalize_phase()
+        finally:
+            if self.runner_kept is not None:
+                close_runner(self.runner_kept)
 
     # work ---------------------------------------------------------------------------------------
     def work_phase(self) -> Outcome | None:
@@ -71,6 +78,7 @@ class AfterPrepare:
             runner = self.spec.make_runner(str(self.job.gen_dir))
         except Exception as exc:
             return self.abort(f"host={self.host} cannot run shards: {type(exc).__name__}: {exc}")
+        result = None
         try:
             result = run_worker(
                 self.job.gen_dir,
@@ -83,7 +91,10 @@ class AfterPrepare:
                 log=self.log,
             )
         finally:
-            close_runner(runner)
+            if result is not None and result.job_complete:
+                self.runner_kept = runner
+            else:
+                close_runner(runner)
         if result.exit_code >= 128:  # this process was told to stop: it leaves, the job goes on
             return Outcome(result.exit_code, f"host={self.host}: {result.message}", self.host, self.run.pid)
         if result.exit_code == EXIT_FAILED:

@@ -109,13 +109,26 @@ def publish_once(path: str | os.PathLike, data: bytes) -> bool:
     try:
         os.link(tmp, path)
     except OSError as exc:
-        if lost_race(exc, path):
+        if not lost_race(exc, path):
+            raise
+        if not _ours(tmp, path, data):
             return False
-        raise
     finally:
         _unlink_quietly(tmp)
     fsync_dir(Path(path).parent)
     return True
+
+
+def _ours(tmp: str | os.PathLike, path: str | os.PathLike, data: bytes) -> bool:
+    """Is what stands at ``path`` this call's own link? An NFSv3 LINK retransmitted after the server did it
+    answers EEXIST for the link the first transmission made: the winner must not take it for a lost race."""
+    try:
+        if os.path.samefile(tmp, path):
+            return True
+        with open(path, "rb") as f:
+            return f.read(len(data) + 1) == data
+    except OSError:
+        return False
 
 
 def lost_race(exc: OSError, path: str | os.PathLike) -> bool:

@@ -64,6 +64,7 @@ class WorkerResult:
     exit_code: int
     completed: list[str] = field(default_factory=list)
     message: str = ""
+    job_complete: bool = False  # it ended because every shard is done
 
 
 @dataclass(frozen=True)
@@ -230,6 +231,7 @@ class Worker:
         if failed:
             return End(2, failure_message(self.job, sorted(failed)[0]))
         if complete:
+            result.job_complete = True
             return End(0, f"all {len(self.chooser.order)} shards done")
         if not self._may_claim(len(result.completed)):
             return End(0, f"claimed its share of {self.claim_limit} shard(s)")

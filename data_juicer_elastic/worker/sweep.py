@@ -21,11 +21,12 @@ record (an ESTALE, a cut read: it adds nothing) can only lower the count.
 Only when that count says the job is unfinished while nothing is live,
 claimable or fresh (a job dir written before worker records, or records
 lost) does the sweep fall back to listing ``state/done`` and ``state/claims``
-once; what the records do not account for is kept as ``legacy_done``,
-recomputed (never accumulated) at each fallback, and it repeats at most once
-per lock timeout. The snapshot is a cache, never an authority: one that says
-complete is checked against a listing of ``state/done`` before any process
-ends on its word (``SnapshotCache``), and corrected when the two disagree.
+once (only on a sweep that read every listed record); what the records do
+not account for is kept as ``legacy_done``, recomputed (never accumulated)
+at each fallback, and it repeats at most once per lock timeout. The
+snapshot is a cache, never an authority: one that says complete is
+checked against a listing of ``state/done`` before any process ends on its
+word (``SnapshotCache``), and corrected when the two disagree.
 
 The result, a ``Snapshot``, is shared through ``state/progress.json``:
 whoever finds it older than the refresh interval rebuilds it (one process
@@ -47,7 +48,7 @@ from data_juicer_elastic.job.claims import ClaimStore
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.records._read import int_or, number_or_none
 from data_juicer_elastic.job.records.attempt import load_attempt
-from data_juicer_elastic.job.records.workers import load_workers, read_small, replace_small
+from data_juicer_elastic.job.records.workers import read_small, read_workers, replace_small
 from data_juicer_elastic.storage.files import create_exclusive
 from data_juicer_elastic.worker.lanes import fresh_left
 
@@ -87,6 +88,7 @@ class Snapshot:
     rates: list[float] = field(default_factory=list)  # recent input bytes per second per shard, all workers
     workers: int = 0
     swept: int = 0  # done shards the worker records account for (``done`` less ``legacy_done``)
+    unreadable: int = 0  # worker records listed but not read this sweep (the fallback waits for them)
     exact: bool = False  # counted from a listing of state/done (the fallback)
     legacy_done: int = 0  # done records no worker record counts (a job dir run before worker records)
     fallback_at: float = 0.0  # the shared clock when the listing fallback last ran
@@ -119,10 +121,11 @@ def build(job: JobDir, store: ClaimStore, previous: Snapshot | None = None, lean
     rows = {s.id: s.rows for s in manifest.shards}
     total = len(rows)
     now = store.now()
-    records = load_workers(job.workers_dir)
+    records, unreadable = read_workers(job.workers_dir)
     left = previous.fresh_left if lean and previous is not None else fresh_left(job, total)
     snap = Snapshot(seq=0, built_at=now, total=total, done=0, fresh_left=left)
     snap.workers = len(records)
+    snap.unreadable = unreadable
     counted = 0
     latest: dict[str, int] = {}  # shard -> the highest attempt any record names
     # (shard, attempt) -> {worker: (host, pid)}: two records may name one attempt (a create lost to another)
@@ -274,7 +277,9 @@ def _subtract_archived(snap: Snapshot, archived: list[Archived], pairs: dict[str
 
 def _needs_fallback(snap: Snapshot, store: ClaimStore, now: float) -> bool:
     quiet = not snap.live and not snap.claimable and not snap.failed and snap.fresh_left == 0
-    return not snap.complete and quiet and now - snap.fallback_at >= store.lock_timeout
+    # every listed record read: a record read as missing would make its publications look unaccounted for
+    whole = snap.unreadable == 0
+    return not snap.complete and quiet and whole and now - snap.fallback_at >= store.lock_timeout
 
 
 def _fallback(job: JobDir, store: ClaimStore, snap: Snapshot, now: float) -> None:

@@ -127,14 +127,15 @@ def load_worker(path: Path) -> WorkerRecord | None:
     )
 
 
-def load_workers(folder: Path) -> list[WorkerRecord]:
-    """Every worker record (one listing of a folder with one file per process)."""
+def read_workers(folder: Path) -> tuple[list[WorkerRecord], int]:
+    """Every readable worker record (one listing of a folder with one file per process), and how many listed
+    records could not be read (ESTALE, a cut read)."""
     try:
-        names = os.listdir(folder)
+        names = [n for n in os.listdir(folder) if n.endswith(".json") and not n.startswith(".")]
     except FileNotFoundError:
-        return []
-    found = (load_worker(folder / n) for n in names if n.endswith(".json") and not n.startswith("."))
-    return [r for r in found if r is not None]
+        return [], 0
+    found = [r for r in (load_worker(folder / n) for n in names) if r is not None]
+    return found, len(names) - len(found)
 
 
 class WorkerLedger:
