@@ -98,8 +98,8 @@ def _status_args(p: ArgumentParser) -> None:
 
 def _retry_args(p: ArgumentParser) -> None:
     _job_dir_arg(p)
-    p.add_argument("--all-failed", action="store_true")
-    p.add_argument("--shard-id", nargs="+", default=None)
+    p.add_argument("--all-failed", action="store_true", help="requeue every failed shard (none failed: exit 0)")
+    p.add_argument("--shard-id", nargs="+", default=None, help="requeue these shards, failed or done")
 
 
 def _merge_args(p: ArgumentParser) -> None:
@@ -286,6 +286,9 @@ def cmd_retry(a: Namespace) -> int:
     from data_juicer_elastic.job.records.retry import requeue
 
     requeued = requeue(_job(a), a.shard_id, all_failed=a.all_failed)
+    if not requeued:  # --all-failed found none: what was asked for holds already, so this is no error (exit 0)
+        print("no shard has failed: nothing to requeue (a done shard is requeued by name, with --shard-id)")
+        return 0
     print(f"requeued {len(requeued)} shard(s): {' '.join(requeued)}")
     return 0
 

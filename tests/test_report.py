@@ -278,3 +278,55 @@ def test_report_of_a_job_with_more_attempts_than_pixels_in_chromium(tmp_path):
     shot = Path(os.environ.get("DJE_REPORT_SCREENSHOT_BIG") or tmp_path / "big.png")
     browse(page, tmp_path, f"--screenshot={shot}", "--window-size=1280,1200")
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_an_attempt_killed_mid_shard_and_taken_over_is_drawn_and_counted_as_lost(tmp_path):
+    """kill -9 leaves attempt.json saying ``running`` and a lease a restarted node took over at once (still
+    fresh): once another attempt finished the shard, the page says lost, never running."""
+    from data_juicer_elastic.job.records.done import DoneRecord, publish_done
+    from data_juicer_elastic.report.collect import collect
+    from data_juicer_elastic.report.page import render
+
+    job = make_job(tmp_path, rows=30, shards=3, lock_timeout_secs=60.0)
+    a, b, c = (s.id for s in job.manifest().shards)
+    t = time.time() - 100
+    _attempt(job, a, 1, "node-a", 11, t, t + 5, "running")  # killed -9: its record still says running
+    record = orjson.loads((job.attempt_dir(a, 1) / "attempt.json").read_bytes())
+    for key in ("finished_at", "error", "backup", "backup_of"):
+        record.pop(key, None)
+    (job.attempt_dir(a, 1) / "attempt.json").write_bytes(orjson.dumps(record))
+    os.utime(job.claims_dir / f"{a}@0001", (t + 5, t + 5))  # its lease: last renewed just before the kill
+    _attempt(job, a, 2, "node-a", 33, t + 6, t + 30, "done")  # the restarted node, at once
+    _attempt(job, b, 1, "node-b", 22, t + 1, t + 20, "done")
+    _attempt(job, c, 1, "node-b", 22, t + 20, t + 40, "done")
+    for path in job.claims_dir.iterdir():  # not a backup: the restarted node's own claim
+        if path.name != f"{a}@0001":
+            os.utime(path, (t + 40, t + 40))
+    for x in (job.attempt_dir(a, 2), job.attempt_dir(b, 1), job.attempt_dir(c, 1)):
+        info = orjson.loads((x / "attempt.json").read_bytes())
+        info["backup"] = False
+        (x / "attempt.json").write_bytes(orjson.dumps(info))
+    for sid, n, host, pid, start, end in ((a, 2, "node-a", 33, t + 6, t + 30), (b, 1, "node-b", 22, t + 1, t + 20)):
+        out = job.attempt_output(sid, n)
+        out.write_bytes(b'{"x": 1}\n')
+        rec = DoneRecord(sid, n, host, 1, 9, hashlib.sha256(b'{"x": 1}\n').hexdigest(), job.relative(out))
+        publish_done(job, dataclasses.replace(rec, pid=pid, started_at=start, finished_at=end))
+    out = job.attempt_output(c, 1)
+    out.write_bytes(b'{"x": 1}\n')
+    rec = DoneRecord(c, 1, "node-b", 1, 9, hashlib.sha256(b'{"x": 1}\n').hexdigest(), job.relative(out))
+    publish_done(job, dataclasses.replace(rec, pid=22, started_at=t + 20, finished_at=t + 40))
+
+    report = collect(job.root, now=t + 41)  # within the lease timeout of attempt 1's last renewal
+    assert report.state == "finished"
+    got = {(x.shard, x.attempt): x.outcome for x in report.attempts}
+    assert got == {(a, 1): "lost", (a, 2): "done", (b, 1): "done", (c, 1): "done"}, got
+    lost = next(x for x in report.attempts if x.outcome == "lost")
+    assert lost.end <= t + 6, "a lost attempt's bar ends when it was taken over, not at the report's time"
+    html = render(report)
+    parser = Bars()
+    parser.feed(html)
+    assert parser.bars[a, 1] == "lost" and "running" not in parser.bars.values()
+    assert "<h2>Failures (1)</h2>" in html
+    assert re.search(r'<div class="card">failed or lost<b>1</b></div>', html), html
+    hosts = re.search(r'<table class="hosts">.*?</table>', html, re.S).group(0)
+    assert re.search(r"<td>node-a</td>(<td[^>]*>[^<]*</td>){6}<td class=\"n\">1</td>", hosts), hosts

@@ -199,3 +199,16 @@ def test_cli_worker_unknown_runner_exit_2(tmp_path):
     cmd = [sys.executable, "-m", "data_juicer_elastic.cli", "worker", "--job-dir", str(job.root), "--runner", "nope:x"]
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=str(tmp_path))
     assert p.returncode == 2 and "--runner 'nope:x'" in p.stderr
+
+
+def test_retry_all_failed_with_nothing_failed_says_so_and_succeeds(tmp_path, capsys):
+    """Nothing to requeue is the state asked for, not a usage error: exit 0 (a script's retry step passes)."""
+    job = make_job(tmp_path, rows=20, shards=2)
+    assert cli_main(["retry", "--job-dir", str(job.root), "--all-failed"]) == 0
+    out, err = capsys.readouterr()
+    assert "no shard has failed: nothing to requeue" in out and err == "", (out, err)
+    assert "--shard-id" in out  # how a done shard is requeued, which --all-failed never does
+    assert not any(job.history_dir.iterdir()) and not job.retry_path(job.manifest().shards[0].id).exists()
+    # naming no shard at all is still a usage error
+    assert cli_main(["retry", "--job-dir", str(job.root)]) == 2
+    assert "name shards with --shard-id, or use --all-failed" in capsys.readouterr().err

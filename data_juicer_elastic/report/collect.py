@@ -53,6 +53,8 @@ class Attempt:
     log: str = ""  # relative to the job dir
     ops: list[dict] = field(default_factory=list)
     processing_from: float | None = None  # when its processing began, if after ``start`` (queued behind another)
+    backup_of: int | None = None  # the attempt this one backs up (speculation), if it is a backup
+    last_beat: float | None = None  # its lease's last renewal, read for an attempt with no outcome recorded
 
     @property
     def seconds(self) -> float:
@@ -244,11 +246,30 @@ def shard_attempts(job: JobDir, sid: str, now: float, notes: list[str], done: Do
         if a.outcome == "done" and done is not None:
             a.rows_out = done.rows
         found.append(a)
+    for i, a in enumerate(found):
+        if a.outcome == "running":
+            _lost_if_ended(a, found[i + 1 :], done)
     for a, later in itertools.pairwise(found):
         if a.outcome == "lost":  # taken over: the shard was held up until the next attempt began
             a.end = max(a.start, later.start)
             a.error += f"; taken over by attempt {later.attempt} on {later.host}"
     return found
+
+
+def _lost_if_ended(a: Attempt, later: list[Attempt], done: DoneRecord | None) -> None:
+    """An attempt whose record still says running, with a live lease, is lost all the same once its shard
+    is done by another attempt or a later attempt took it over (not a backup racing it): a node killed -9
+    and restarted at once (same host and run id) takes its own leases over while they are still fresh,
+    and nothing ever renews or writes this attempt again (as ``dj-elastic status --all`` counts it)."""
+    if done is not None and done.attempt != a.attempt:
+        why = f"no outcome recorded; attempt {done.attempt} finished the shard: the worker was killed or stalled"
+    elif any(x.backup_of != a.attempt for x in later):
+        why = "no outcome recorded and a later attempt took the shard over: the worker was killed or stalled"
+    else:
+        return
+    a.outcome = "lost"
+    a.end = max(min(a.last_beat or a.start, a.end), a.start)
+    a.error = a.error or why
 
 
 def read_attempt(job: JobDir, sid: str, n: int, now: float, notes: list[str]) -> Attempt | None:
@@ -264,6 +285,8 @@ def read_attempt(job: JobDir, sid: str, n: int, now: float, notes: list[str]) ->
         live = beat is not None and now - beat < _lock_timeout(job)
         outcome = "running" if live else "lost"
         end = now if live else max(beat or start, start)
+    else:
+        beat = None
     ops = read_record(adir / AttemptDir.OPS)
     a = Attempt(
         shard=sid,
@@ -279,6 +302,8 @@ def read_attempt(job: JobDir, sid: str, n: int, now: float, notes: list[str]) ->
         error=first_line(info.error or ""),
         log=f"attempts/{sid}/{attempt_name(n)}/{AttemptDir.LOG}",
         ops=_ops_of(ops),
+        backup_of=info.backup_of if info.backup_of is not None else n - 1 if info.backup else None,
+        last_beat=beat,
     )
     if outcome == "lost" and not a.error:
         a.error = "no outcome recorded and its lease stopped: the worker was killed or stalled"

@@ -124,14 +124,19 @@ def shard_rows(report: JobReport) -> list[list[object]]:
 
 
 def cards(report: JobReport) -> str:
+    """The summary: attempts by what they ended as (a lost one counts as lost, never as running)."""
     wins = report.winners()
     rows_in = sum(s.get("rows") or 0 for s in report.shards)
     rows_out = sum(a.rows_out or 0 for a in wins)
     errors = sum(a.error_rows for a in wins)
     span = report.t1 - report.t0
+    ended = {o: sum(1 for a in report.attempts if a.outcome == o) for o in OUTCOMES}
     items = [
         ("shards done", f"{len(wins):,} / {len(report.shards):,}"),
         ("attempts", f"{len(report.attempts):,}"),
+        ("running", f"{ended['running']:,}"),
+        ("failed or lost", f"{ended['failed'] + ended['lost']:,}"),
+        ("superseded or lost a race", f"{ended['superseded'] + ended['lost-race']:,}"),
         ("rows in", f"{rows_in:,}"),
         ("rows out", f"{rows_out:,}"),
         ("rows removed by op errors", f"{errors:,}"),

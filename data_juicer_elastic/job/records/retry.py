@@ -91,10 +91,14 @@ def requeue(job: JobDir, shard_ids: list[str] | None = None, *, all_failed: bool
     """Requeue shards: archive their failed/done records in state/history, reset the retry budget.
 
     The budget is reset by a retry record naming the last attempt so far, so
-    earlier attempts stop counting; nothing is deleted.
+    earlier attempts stop counting; nothing is deleted. With ``all_failed`` and
+    no failed shard it requeues nothing and returns ``[]``: the state asked for
+    already holds (the caller says so); naming no shard at all is a UserError.
     """
     if all_failed:
         shard_ids = sorted(job.failed_ids())
+        if not shard_ids:
+            return []
     if not shard_ids:
         raise UserError("retry: name shards with --shard-id, or use --all-failed")
     store = claim_store(job)
