@@ -47,8 +47,17 @@ def test_one_line_drops_colour_and_keeps_the_raised_exception():
 def test_a_waiting_worker_says_for_what_and_status_shows_the_lost_attempt(tmp_path):
     job = make_job(tmp_path, rows=20, shards=2, lock_timeout_secs=3.0, heartbeat_secs=0.3)
     slow = "part-00000-of-00002"
-    # the victim holds only the shard it runs (one claimed ahead would be a second lease to wait for)
-    victim = spawn_worker(job, "slow_copy", "--prefetch-shards", "0", DJE_TEST_SLEEP="120", DJE_TEST_SLOW_SHARDS=slow)
+    # the victim holds only the shard it runs (one claimed ahead would be a second lease to wait for); on
+    # another host, since a worker of its own host would take a dead process's lease over at once
+    victim = spawn_worker(
+        job,
+        "slow_copy",
+        "--prefetch-shards",
+        "0",
+        DJE_TEST_SLEEP="120",
+        DJE_TEST_SLOW_SHARDS=slow,
+        DJ_ELASTIC_HOSTNAME="node-killed",
+    )
     wait_for((job.attempts_dir / slow / "0001" / "started").exists, timeout=60)
     os.kill(victim.pid, signal.SIGKILL)
     victim.wait()
