@@ -111,7 +111,7 @@ def wants_parquet(export_path: str | None, export_type: str | None) -> bool:
 
 
 def output_format(output: str, recipe_path: str | os.PathLike | None = None) -> str:
-    """``parquet`` or ``jsonl``: a file's suffix says; a folder takes its recipe's ``export_type``."""
+    """``parquet`` or ``jsonl``: a file's suffix says; a folder takes its recipe's export (``wants_parquet``)."""
     ext = os.path.splitext(os.path.basename(os.path.abspath(os.fspath(output))))[1]
     if ext == ".parquet":
         return PARQUET
@@ -123,7 +123,9 @@ def output_format(output: str, recipe_path: str | os.PathLike | None = None) -> 
         recipe = yaml.safe_load(Path(recipe_path).read_bytes())
     except (OSError, ValueError):
         return JSONL
-    return PARQUET if isinstance(recipe, dict) and recipe.get("export_type") == PARQUET else JSONL
+    if not isinstance(recipe, dict):
+        return JSONL
+    return PARQUET if wants_parquet(recipe.get("export_path"), recipe.get("export_type")) else JSONL
 
 
 # --------------------------------------------------------------------------- the attempt's Parquet output
