@@ -54,7 +54,7 @@ from data_juicer_elastic.storage.files import (
 SUCCESS = "_SUCCESS"
 FORMAT = "data-juicer-elastic folder export"
 VERSION = 1
-PART_RE = re.compile(r"^part-\d{5,}-of-\d{5,}\.jsonl$")
+PART_RE = re.compile(r"^part-\d{5,}-of-\d{5,}\.(jsonl|parquet)$")
 # link() errors that mean "no hard link here" (another file system, a file system without them): copy instead
 _NO_LINK = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS}
 
@@ -69,8 +69,8 @@ def is_folder_export(output: str | os.PathLike) -> bool:
     return not os.path.splitext(os.path.basename(os.path.abspath(text)))[1]
 
 
-def part_name(shard: str) -> str:
-    return f"{shard}.jsonl"
+def part_name(shard: str, fmt: str = "jsonl") -> str:
+    return f"{shard}.{fmt}"
 
 
 @dataclass
@@ -255,10 +255,103 @@ def _check_part(folder: Path, part: Any, buf: bytearray) -> list[str]:
         d = digest_file(path, buf)
     except OSError as exc:
         return [f"{path}: cannot be read ({exc.strerror}); export the job again"]
-    got = {"rows": d.rows, "bytes": d.bytes, "sha256": d.sha256}
+    parquet = part["file"].endswith(".parquet")
+    got = {"bytes": d.bytes, "sha256": d.sha256} if parquet else {"rows": d.rows, "bytes": d.bytes, "sha256": d.sha256}
     diffs = [f"{k} {got[k]}, {SUCCESS} says {part.get(k)}" for k in got if got[k] != part.get(k)]
-    if d.bytes and not d.ends_with_newline:
+    if d.bytes and not d.ends_with_newline and not parquet:
         diffs.append("does not end with a newline")
     if not diffs:
         return []
     return [f"{path}: does not match {SUCCESS} ({'; '.join(diffs)}); it changed after the export: export the job again"]
+
+
+# --------------------------------------------------------------------------- Parquet parts
+def export_parquet_folder(
+    records: list[Done],
+    folder: Path,
+    *,
+    overwrite: bool,
+    log: Callable[[str], Any] = print,
+) -> FolderExport:
+    """Publish each attempt's ``processed.parquet`` (``parquet_out``) as a part, linked where every part
+    already has one schema; parts whose schema differs are rewritten with the union. ``_SUCCESS`` last."""
+    from data_juicer_elastic import parquet_out
+
+    found = [(r, *parquet_out.shard_parquet(r, path)) for r, path in records]
+    for r, path, meta in found:
+        _check_size(r.shard, path, meta["bytes"])
+    key = [_source_entry(r, meta) for r, _, meta in found]
+    success = folder / SUCCESS
+    if folder.exists() and success.exists():
+        old = read_record(success)
+        if [_source_of(p) for p in old.get("parts", [])] == key and _parts_in_place(folder, old):
+            return _parquet_result(folder, found, kept=len(found))
+    _prepare_folder(folder, {"parts": None}, overwrite)
+    remove_dead_temps_in(folder)
+    schema = parquet_out.part_schema_problem([path for _, path, _ in found])
+    parts, linked, copied = [], 0, 0
+    for r, path, meta in found:
+        target = folder / part_name(r.shard, "parquet")
+        tmp = temp_name(target)
+        d = None
+        try:
+            if schema is not None and not parquet_out.schema_of_file(path).equals(schema):
+                parquet_out.read_checked(r.shard, path, meta)  # what is rewritten is what the worker wrote
+                parquet_out.rewrite_part(path, tmp, schema)
+                d = digest_file(tmp)
+                copied += 1
+            else:
+                try:
+                    os.link(path, tmp)
+                    linked += 1
+                except OSError as exc:
+                    if exc.errno not in _NO_LINK:
+                        raise
+                    tmp.write_bytes(bytes(parquet_out.read_checked(r.shard, path, meta)))
+                    copied += 1
+            os.replace(tmp, target)
+        finally:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+        size, sha = (d.bytes, d.sha256) if d else (meta["bytes"], meta["sha256"])
+        parts.append({"file": target.name, **_source_entry(r, meta), "bytes": size, "sha256": sha})
+    wanted = {p["file"] for p in parts}
+    for name in os.listdir(folder):
+        if PART_RE.match(name) and name not in wanted:
+            os.unlink(folder / name)
+    fsync_dir(folder)
+    manifest = {"format": FORMAT, "version": VERSION, "data": "parquet", "parts": parts}
+    manifest |= {"rows": sum(p["rows"] for p in parts), "bytes": sum(p["bytes"] for p in parts)}
+    atomic_write(success, dumps_json(manifest))
+    if copied:
+        log(f"{copied} part(s) were written anew (another schema, or no hard link possible)")
+    return _parquet_result(folder, found, linked=linked, copied=copied)
+
+
+def _source_entry(r: DoneRecord, meta: dict) -> dict:
+    return {"shard": r.shard, "attempt": r.attempt, "host": r.host, "rows": r.rows, "source_sha256": meta["sha256"]}
+
+
+def _source_of(part: Any) -> dict:
+    keys = ("shard", "attempt", "host", "rows", "source_sha256")
+    return {k: part.get(k) for k in keys} if isinstance(part, dict) else {}
+
+
+def _check_size(shard: str, path: Path, size: int) -> None:
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise IntegrityError(f"shard {shard}: {path} cannot be read ({exc.strerror}); rerun the shard") from exc
+    if st.st_size != size:
+        raise IntegrityError(
+            f"shard {shard}: {path} is {st.st_size} bytes, its sidecar says {size}; it changed after the worker "
+            "wrote it: restore it, or archive the record and rerun the shard"
+        )
+
+
+def _parquet_result(folder: Path, found: list, linked: int = 0, copied: int = 0, kept: int = 0) -> FolderExport:
+    rows = sum(r.rows for r, _, _ in found)
+    size = sum(meta["bytes"] for _, _, meta in found)
+    return FolderExport(folder, rows, size, linked, copied, kept)

@@ -21,11 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from data_juicer_elastic import parquet_out
 from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.folder_export import (
     SUCCESS,
     Done,
     export_folder,
+    export_parquet_folder,
     is_folder_export,
     shard_entry,
     verify_folder,
@@ -50,6 +52,7 @@ from data_juicer_elastic.storage.files import (
 )
 
 NOT_DONE = "not done yet"
+JSONL, PARQUET = parquet_out.JSONL, parquet_out.PARQUET
 
 
 @dataclass
@@ -141,20 +144,26 @@ def merge(
     """Concatenate the verified outputs in manifest order into ``output``, atomically.
 
     An ``output`` without a suffix (or ending in a separator) is a folder: the outputs are published
-    there as part files instead, no byte copied (``folder_export``).
+    there as part files instead, no byte copied (``folder_export``). A ``.parquet`` file (or a folder of a
+    recipe with ``export_type: parquet``) is written from the attempts' Parquet outputs (``parquet_out``).
     """
+    fmt = output_format(job, output)
     if is_folder_export(output):
-        return _export(job, output, overwrite, log)
+        return _export(job, output, overwrite, log, fmt)
     started, started_at = time.monotonic(), time.time()
     out = Path(os.path.abspath(output))
     _check_target(out, overwrite)
     records = _all_done(job)
     out.parent.mkdir(parents=True, exist_ok=True)
-    total = sum(r.bytes for r, _ in records)
+    parts = [(r.shard, *parquet_out.shard_parquet(r, path)) for r, path in records] if fmt == PARQUET else []
+    total = sum(m["bytes"] for _, _, m in parts) if parts else sum(r.bytes for r, _ in records)
     bar = ProgressBar(total, "merge", progress)
     remove_dead_temps(out)  # what killed merges left behind (this host's dead pids; others' after an hour)
     try:
-        rows, size, sha = _write_merged(records, out, overwrite, bar)
+        if fmt == PARQUET:
+            rows, size, sha = _write_parquet(parts, out, overwrite, bar)
+        else:
+            rows, size, sha = _write_merged(records, out, overwrite, bar)
     except OSError as exc:
         if full := disk_full_in(exc):
             raise no_space_error(out, full, "writing the merged output (nothing was put in place)") from exc
@@ -163,7 +172,7 @@ def merge(
         bar.close()
     seconds = time.monotonic() - started
     try:
-        _record(job, out, records, rows, size, sha, started_at, seconds)
+        _record(job, out, records, rows, size, sha, started_at, seconds, fmt=fmt)
     except OSError as exc:
         if full := disk_full_in(exc):
             raise no_space_error(
@@ -178,15 +187,16 @@ def merge(
     return MergeResult(str(out), rows, size, seconds, len(records))
 
 
-def _export(job: JobDir, output: str, overwrite: bool, log: Callable[[str], Any]) -> MergeResult:
+def _export(job: JobDir, output: str, overwrite: bool, log: Callable[[str], Any], fmt: str) -> MergeResult:
     """The folder export: part files linked from the attempt outputs, ``_SUCCESS`` last, then merge.json."""
     started, started_at = time.monotonic(), time.time()
     folder = Path(os.path.abspath(output))
     records = _all_done(job)
     try:
-        done = export_folder(records, folder, overwrite=overwrite, log=log)
+        exporter = export_parquet_folder if fmt == PARQUET else export_folder
+        done = exporter(records, folder, overwrite=overwrite, log=log)
         seconds = time.monotonic() - started
-        _record(job, folder, records, done.rows, done.bytes, None, started_at, seconds, kind="folder")
+        _record(job, folder, records, done.rows, done.bytes, None, started_at, seconds, kind="folder", fmt=fmt)
     except OSError as exc:
         if full := disk_full_in(exc):
             doing = f"exporting part files (the export is complete once {SUCCESS} is there)"
@@ -213,7 +223,7 @@ def merged_already(job: JobDir, output: str) -> dict | None:
     if record.get("output") != out or not isinstance(stat, dict) or not isinstance(record.get("shards"), list):
         return None
     folder = record.get("kind") == "folder"
-    if folder != is_folder_export(output):
+    if folder != is_folder_export(output) or record.get("format", JSONL) != output_format(job, output):
         return None
     try:
         st = _stat_of(_stamped(out, folder))
@@ -230,6 +240,33 @@ def merged_already(job: JobDir, output: str) -> dict | None:
     done = load_done_many(job, shards)
     current = [_merged_key(sid, done.get(sid)) for sid in shards]
     return record if merged == current else None
+
+
+def output_format(job: JobDir, output: str) -> str:
+    """``parquet`` or ``jsonl``: what ``output`` gets (a folder: what the generation's recipe exports)."""
+    return parquet_out.output_format(output, job.recipe_path if is_folder_export(output) else None)
+
+
+def _write_parquet(parts: list, out: Path, overwrite: bool, bar: ProgressBar) -> tuple[int, int, None]:
+    """The attempts' Parquet outputs, each checked as it is read, into one Parquet file put in place once."""
+    tmp = temp_name(out)
+    done = 0
+
+    def tick(n: int) -> None:
+        nonlocal done
+        done += n
+        bar.update(done)
+
+    try:
+        rows, size = parquet_out.write_merged(parts, tmp, tick)
+        _put_in_place(tmp, out, overwrite)
+    finally:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+    fsync_dir(out.parent)
+    return rows, size, None
 
 
 def _merged_key(sid: str, record: DoneRecord | IntegrityError | None) -> tuple:
@@ -355,14 +392,17 @@ def _record(
     started_at: float,
     seconds: float,
     kind: str = "file",
+    fmt: str = JSONL,
 ) -> None:
-    """merge.json: what was written (a folder export: no whole-output sha256; ``_SUCCESS`` lists each part's)."""
+    """merge.json: what was written (a folder export, a Parquet file: no whole-output sha256; a folder's
+    ``_SUCCESS`` lists each part's); ``format``: jsonl or parquet, so a rerun asking for the other is no match."""
     atomic_write(
         job.merge_record_path,
         dumps_json(
             {
                 "output": str(out),
                 "kind": kind,
+                "format": fmt,
                 "rows": rows,
                 "bytes": size,
                 "sha256": sha,

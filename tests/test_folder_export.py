@@ -254,10 +254,11 @@ def test_temps_of_dead_processes_go_and_live_or_recent_ones_stay(tmp_path: Path)
         sleeper.wait()
 
 
-def test_a_recipe_may_name_a_folder_or_a_jsonl_file_and_nothing_else() -> None:
+def test_a_recipe_may_name_a_folder_or_a_jsonl_or_parquet_file_and_nothing_else() -> None:
     from data_juicer_elastic.plugin.validation import _export_problems
 
-    for ok in ("/out/result/", "/out/result", "/out/merged.jsonl"):
+    for ok in ("/out/result/", "/out/result", "/out/merged.jsonl", "/out/merged.parquet"):
         assert _export_problems({"export_path": ok}) == [], ok
-    for bad in ("/out/result.parquet", "/out/result.json/"):
-        assert "must be a local file ending in .jsonl, or a folder" in _export_problems({"export_path": bad})[0]
+    for bad in ("/out/result.csv", "/out/result.json/"):
+        message = _export_problems({"export_path": bad})[0]
+        assert "must be a local file ending in .jsonl or .parquet, or a folder" in message

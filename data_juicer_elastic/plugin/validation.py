@@ -193,15 +193,22 @@ def _dataset_problems(cfg: Any) -> list[str]:
 def _export_problems(cfg: Any) -> list[str]:
     problems = []
     export_path = cfg.get("export_path") or ""
+    export_type = cfg.get("export_type")
+    suffix = os.path.splitext(export_path.rstrip("/"))[1]
     if _is_remote(export_path):
-        problems.append(f"export_path {export_path!r} is remote; elastic_shard writes one local .jsonl file")
-    elif not export_path.endswith(".jsonl") and os.path.splitext(export_path.rstrip("/"))[1]:
+        problems.append(f"export_path {export_path!r} is remote; elastic_shard writes a local file or folder")
+    elif suffix and (suffix not in (".jsonl", ".parquet") or export_path.endswith("/")):
         problems.append(
-            f"export_path {export_path!r} must be a local file ending in .jsonl, "
+            f"export_path {export_path!r} must be a local file ending in .jsonl or .parquet, "
             "or a folder (no suffix: out/result/) to get one part file per shard"
         )
-    if cfg.get("export_type") not in (None, "jsonl"):
-        problems.append(f"export_type {cfg.get('export_type')!r} is not supported; elastic_shard writes jsonl")
+    elif suffix and export_type is not None and export_type != suffix[1:]:
+        problems.append(
+            f"export_type {export_type!r} disagrees with export_path {export_path!r}; drop export_type "
+            "(the suffix says the format) or make them agree"
+        )
+    if export_type not in (None, "jsonl", "parquet"):
+        problems.append(f"export_type {export_type!r} is not supported; elastic_shard writes jsonl or parquet")
     if cfg.get("export_shard_size"):
         problems.append("export_shard_size is not supported; elastic_shard merges everything into export_path")
     if cfg.get("encrypt_before_export"):

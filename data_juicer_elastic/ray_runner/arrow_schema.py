@@ -21,26 +21,9 @@ from typing import Any
 
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.manifest import Manifest
+from data_juicer_elastic.parquet_out import arrow_schema, arrow_type
 
-_SCALARS = {"null": "null", "bool": "bool_", "int": "int64", "float": "float64", "string": "string"}
-
-
-def arrow_type(recorded: Any) -> Any:
-    """The Arrow type of one recorded column type (prepare.schema's form)."""
-    import pyarrow as pa
-
-    if isinstance(recorded, str):
-        return getattr(pa, _SCALARS[recorded])()
-    kind, inner = recorded
-    if kind == "list":
-        return pa.list_(arrow_type(inner))
-    return pa.struct([pa.field(name, arrow_type(t)) for name, t in inner])
-
-
-def arrow_schema(columns: list) -> Any:
-    import pyarrow as pa
-
-    return pa.schema([pa.field(name, arrow_type(t)) for name, t in columns])
+__all__ = ["ShardFacts", "arrow_schema", "arrow_type", "recorded_columns", "shard_facts"]
 
 
 @dataclass(frozen=True)
@@ -106,3 +89,9 @@ def _job_facts(root: str, log: Any) -> _JobFacts | None:
             )
         _cache[root] = facts = _JobFacts(stat, m, options)
         return facts
+
+
+def recorded_columns(job_dir: str) -> list | None:
+    """The input's columns as prepare recorded them (manifest ``columns``); None where not recorded."""
+    job = _job_facts(os.path.abspath(job_dir), None)
+    return job.manifest.columns if job is not None else None

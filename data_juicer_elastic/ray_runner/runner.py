@@ -25,7 +25,9 @@ from data_juicer_elastic.console import attempt_log
 from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.job.attempt_files import AttemptDir
 from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.parquet_out import wants_parquet, write_shard_parquet
 from data_juicer_elastic.patches import data_juicer as dj_patches
+from data_juicer_elastic.ray_runner.arrow_schema import recorded_columns
 from data_juicer_elastic.ray_runner.configs import RECIPE_NAME, attempt_config, parse_recipe, read_recipe
 from data_juicer_elastic.ray_runner.op_counts import collect as op_counts
 from data_juicer_elastic.ray_runner.runtime import (
@@ -65,6 +67,7 @@ class ShardAttempt:
     expected: int | None = None  # rows Ray reported
     started: float = 0.0  # perf_counter at the start and end of processing
     ended: float = 0.0
+    tables: list | None = None  # the processed rows as Arrow tables, in order, where the export is Parquet
     seconds: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -189,6 +192,11 @@ class RayShardRunner:
             with attempt.job.warm.active(attempt.cfg.work_dir):
                 dataset = executor.run()
             rows = dataset.data.count() if dataset is not None else None
+            cfg = attempt.job.cfg
+            if wants_parquet(cfg.get("export_path"), cfg.get("export_type")):
+                import ray
+
+                attempt.tables = ray.get(dataset.data.to_arrow_refs()) if dataset is not None else []
             if sink and loader is not None:
                 op_counts.collect(sink, loader.dataset.op_names, loader.rows_in, rows, attempt.dir)
         finally:
@@ -206,6 +214,8 @@ class RayShardRunner:
                 f"{attempt.output}: joined {rows} rows from {export_path} but Ray reported {attempt.expected}"
             )
         remove(export_path)
+        if attempt.tables is not None:
+            self._write_parquet(attempt, rows)
         attempt.seconds.update(run=attempt.ended - attempt.started, join=time.perf_counter() - t2)
         self.timings.append({**attempt.seconds, "rows": rows, "start": attempt.started, "end": attempt.ended})
         with open(attempt.files.log, "a", encoding="utf-8") as log:
@@ -213,6 +223,23 @@ class RayShardRunner:
                 f"shard {Path(attempt.cfg.dataset_path).name}: {rows} rows (load {attempt.seconds['load']:.2f}s, "
                 f"Data-Juicer {attempt.seconds['run']:.2f}s, join {attempt.seconds['join']:.2f}s)\n"
             )
+
+    def _write_parquet(self, attempt: ShardAttempt, rows: int) -> None:
+        """The same rows as ``processed.parquet``, from Ray's Arrow blocks (values as a Parquet export has them)."""
+        import pyarrow as pa
+
+        from data_juicer_elastic.parquet_out import arrow_schema
+
+        columns = recorded_columns(attempt.job.root)
+        tables = [t for t in attempt.tables or [] if t.num_rows]
+        attempt.tables = None
+        if tables:
+            table = pa.concat_tables(tables, promote_options="permissive")
+        else:
+            table = arrow_schema(columns or []).empty_table()
+        if table.num_rows != rows:
+            raise IntegrityError(f"{attempt.output}: {rows} rows joined but {table.num_rows} rows in Ray's blocks")
+        write_shard_parquet(table, attempt.dir, columns)
 
     def close(self) -> None:
         """Release the warm actors of every job, and shut down the Ray runtime if this runner started it."""

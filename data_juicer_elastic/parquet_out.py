@@ -1,0 +1,281 @@
+"""Parquet exports: one ``.parquet`` file, or a folder of ``part-NNNNN-of-NNNNN.parquet`` files.
+
+Where the values come from: a recipe whose export is Parquet (``export_path``
+ending in ``.parquet``, or ``export_type: parquet``) makes every attempt write,
+beside its ``processed.jsonl``, the same rows as ``processed.parquet``, straight
+from the Arrow blocks Data-Juicer's RayExecutor produced (``ray_runner``), and a
+sidecar ``processed.parquet.json`` with its rows, bytes and sha256. Not from
+the JSONL: Ray's JSON writer goes through pandas, which keeps 10 significant
+digits of a float and writes an integer column holding a null as floats, so a
+conversion of the JSONL would not hold the values a plain ``executor_type: ray``
+run exports to Parquet.
+
+Every part is written with one schema: the input's columns as prepare recorded
+them (manifest ``columns``) first, in their order and types, then the columns
+the ops added, as Arrow inferred them. Where shards inferred an added column
+differently (a column all null in one shard), the export unifies the schemas
+(``permissive``: null gives way to any type, an int to a float) and casts.
+
+Integrity: the done record names the attempt's JSONL output; the Parquet file
+lives in the same attempt folder, and its sidecar's rows must equal the done
+record's, its bytes and sha256 the file's, checked as the file is read (one
+read) by the one-file merge, by stat by the folder export (as for JSONL
+parts), and re-hashed by ``verify``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from data_juicer_elastic.errors import IntegrityError, UserError
+from data_juicer_elastic.storage.files import dumps_json, fsync_dir, temp_name
+
+PARQUET = "parquet"
+JSONL = "jsonl"
+OUTPUT = "processed.parquet"  # beside the attempt's processed.jsonl
+SIDECAR = "processed.parquet.json"  # its rows, bytes and sha256, written after it
+ROW_GROUP = 64 * 1024  # rows per row group, the same as pyarrow's write_table default (1 Mi) would be too coarse
+
+_SCALARS = {"null": "null", "bool": "bool_", "int": "int64", "float": "float64", "string": "string"}
+
+
+# --------------------------------------------------------------------------- schema
+def arrow_type(recorded: Any) -> Any:
+    """The Arrow type of one recorded column type (prepare.schema's form)."""
+    import pyarrow as pa
+
+    if isinstance(recorded, str):
+        return getattr(pa, _SCALARS[recorded])()
+    kind, inner = recorded
+    if kind == "list":
+        return pa.list_(arrow_type(inner))
+    return pa.struct([pa.field(name, arrow_type(t)) for name, t in inner])
+
+
+def arrow_schema(columns: list) -> Any:
+    import pyarrow as pa
+
+    return pa.schema([pa.field(name, arrow_type(t)) for name, t in columns])
+
+
+def output_schema(table: Any, columns: list | None) -> Any:
+    """The recorded input columns first (recorded types), then the columns the ops added, as inferred."""
+    import pyarrow as pa
+
+    if not columns:
+        return table.schema
+    recorded = arrow_schema(columns)
+    fields = []
+    for f in recorded:
+        i = table.schema.get_field_index(f.name)
+        if i < 0:
+            continue  # an op removed it
+        got = table.schema.field(i)
+        fields.append(f if got.type == pa.null() or got.type == f.type else got)  # an op may change a type
+    fields += [f for f in table.schema if recorded.get_field_index(f.name) < 0]
+    return pa.schema(fields)
+
+
+def conform(table: Any, schema: Any) -> Any:
+    """``table`` with exactly ``schema``'s columns, in its order and types (absent columns: nulls)."""
+    import pyarrow as pa
+
+    if table.schema == schema:
+        return table
+    arrays = []
+    for f in schema:
+        i = table.schema.get_field_index(f.name)
+        if i < 0:
+            arrays.append(pa.nulls(table.num_rows, f.type))
+        else:
+            col = table.column(i)
+            arrays.append(col if col.type == f.type else col.cast(f.type))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def unify(schemas: Iterable[Any]) -> Any:
+    import pyarrow as pa
+
+    return pa.unify_schemas(list(schemas), promote_options="permissive")
+
+
+# --------------------------------------------------------------------------- which format
+def wants_parquet(export_path: str | None, export_type: str | None) -> bool:
+    """Does a recipe's export ask for Parquet (``.parquet``, or ``export_type: parquet``)?"""
+    return str(export_path or "").endswith(".parquet") or export_type == PARQUET
+
+
+def output_format(output: str, recipe_path: str | os.PathLike | None = None) -> str:
+    """``parquet`` or ``jsonl``: a file's suffix says; a folder takes its recipe's export (``wants_parquet``)."""
+    ext = os.path.splitext(os.path.basename(os.path.abspath(os.fspath(output))))[1]
+    if ext == ".parquet":
+        return PARQUET
+    if ext or recipe_path is None:
+        return JSONL
+    try:
+        import yaml
+
+        recipe = yaml.safe_load(Path(recipe_path).read_bytes())
+    except (OSError, ValueError):
+        return JSONL
+    if not isinstance(recipe, dict):
+        return JSONL
+    return PARQUET if wants_parquet(recipe.get("export_path"), recipe.get("export_type")) else JSONL
+
+
+# --------------------------------------------------------------------------- the attempt's Parquet output
+def write_shard_parquet(table: Any, attempt_dir: str | os.PathLike, columns: list | None) -> Path:
+    """Write ``table`` as the attempt's ``processed.parquet`` (temp, fsync, rename), then its sidecar."""
+    import pyarrow.parquet as pq
+
+    from data_juicer_elastic.storage.blocks import digest_file
+
+    folder = Path(attempt_dir)
+    out = folder / OUTPUT
+    table = conform(table, output_schema(table, columns))
+    tmp = temp_name(out)
+    try:
+        pq.write_table(table, tmp, row_group_size=ROW_GROUP)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        d = digest_file(tmp)
+        os.replace(tmp, out)
+    finally:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+    side = folder / SIDECAR
+    side_tmp = temp_name(side)
+    with open(side_tmp, "wb") as f:
+        f.write(dumps_json({"rows": table.num_rows, "bytes": d.bytes, "sha256": d.sha256}))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(side_tmp, side)
+    fsync_dir(folder)
+    return out
+
+
+def shard_parquet(record: Any, jsonl_path: Path) -> tuple[Path, dict]:
+    """The Parquet output beside a done record's JSONL output and its sidecar, rows checked against the record."""
+    path = jsonl_path.with_name(OUTPUT)
+    side = jsonl_path.with_name(SIDECAR)
+    try:
+        meta = orjson.loads(side.read_bytes())
+    except FileNotFoundError:
+        raise UserError(
+            f"shard {record.shard}: {path} is missing: this generation's outputs were written as JSONL only "
+            "(its recipe's export is not Parquet); export to a .jsonl file or folder, or set export_path "
+            "to a .parquet file (or export_type: parquet) in the recipe and run the job again"
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise IntegrityError(f"shard {record.shard}: {side} is unreadable ({exc}); rerun the shard") from exc
+    if not isinstance(meta, dict) or any(not isinstance(meta.get(k), int) for k in ("rows", "bytes")):
+        raise IntegrityError(f"shard {record.shard}: {side} is malformed; rerun the shard")
+    if meta["rows"] != record.rows:
+        raise IntegrityError(
+            f"shard {record.shard}: {path} holds {meta['rows']} rows, its done record says {record.rows}; "
+            "archive the record and rerun the shard"
+        )
+    return path, meta
+
+
+def describe_part_mismatch(shard: str, path: Path, meta: dict, size: int, sha: str | None) -> str | None:
+    diffs = []
+    if size != meta.get("bytes"):
+        diffs.append(f"{size} bytes, {SIDECAR} says {meta.get('bytes')}")
+    if sha is not None and sha != meta.get("sha256"):
+        diffs.append(f"sha256 {sha[:12]}…, {SIDECAR} says {str(meta.get('sha256'))[:12]}…")
+    if not diffs:
+        return None
+    return (
+        f"shard {shard}: {path} does not match its {SIDECAR} ({'; '.join(diffs)}); it changed after the "
+        "worker wrote it: restore it, or archive the record and rerun the shard"
+    )
+
+
+def read_checked(shard: str, path: Path, meta: dict) -> Any:
+    """The Parquet file's bytes, read once and checked against its sidecar, as a pyarrow buffer."""
+    import hashlib
+
+    import pyarrow as pa
+
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise IntegrityError(f"shard {shard}: {path} cannot be read ({exc.strerror}); rerun the shard") from exc
+    problem = describe_part_mismatch(shard, path, meta, len(data), hashlib.sha256(data).hexdigest())
+    if problem:
+        raise IntegrityError(problem)
+    return pa.py_buffer(data)
+
+
+def schema_of(buf: Any) -> Any:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(pa.BufferReader(buf)).schema_arrow
+
+
+def schema_of_file(path: Path) -> Any:
+    import pyarrow.parquet as pq
+
+    return pq.read_schema(path)
+
+
+def write_merged(parts: list[tuple[str, Path, dict]], out: Path, tick: Any = None) -> tuple[int, int]:
+    """The parts' rows, in order, into the one Parquet file ``out`` (written to a temp path by the caller).
+
+    Each part is read once (checked against its sidecar); its schema is read from its footer first, so the
+    file is written with the union of every part's schema. Returns rows and bytes of the file (fsynced).
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schemas = [pq.read_schema(path) for _, path, _ in parts]  # footers only
+    schema = schemas[0] if len(set(map(str, schemas))) == 1 else unify(schemas)
+    rows = 0
+    with pq.ParquetWriter(out, schema) as writer:
+        for shard, path, meta in parts:
+            f = pq.ParquetFile(pa.BufferReader(read_checked(shard, path, meta)))
+            for i in range(f.num_row_groups):
+                table = conform(f.read_row_group(i), schema)
+                writer.write_table(table, row_group_size=ROW_GROUP)
+                rows += table.num_rows
+            if tick is not None:
+                tick(meta["bytes"])
+        if not parts:
+            writer.write_table(schema.empty_table())
+    with open(out, "rb+") as fh:
+        os.fsync(fh.fileno())
+        return rows, os.fstat(fh.fileno()).st_size
+
+
+def part_schema_problem(paths: list[Path]) -> Any:
+    """None when every part file has one schema, else the union to rewrite the others with."""
+    import pyarrow.parquet as pq
+
+    schemas = [pq.read_schema(p) for p in paths]
+    if len({str(s) for s in schemas}) <= 1:
+        return None
+    return unify(schemas)
+
+
+def rewrite_part(src: Path, dst: Path, schema: Any) -> None:
+    """``src`` cast to ``schema``, written to ``dst`` (fsynced)."""
+    import pyarrow.parquet as pq
+
+    f = pq.ParquetFile(src)
+    with pq.ParquetWriter(dst, schema) as writer:
+        for i in range(f.num_row_groups):
+            writer.write_table(conform(f.read_row_group(i), schema), row_group_size=ROW_GROUP)
+    with open(dst, "rb+") as fh:
+        os.fsync(fh.fileno())
