@@ -93,3 +93,16 @@ def test_a_worker_record_read_as_missing_never_ratchets_the_count(tmp_path):
     assert snap.done == 4
     requeue(job, [job.manifest().shards[0].id])
     assert build(job, claim_store(job, "observer"), snap).done == 3
+
+
+def test_a_lane_hint_written_backwards_never_keeps_fresh_shards_above_zero(tmp_path):
+    """A paused worker writes an old lane position after another wrote the lane's end: the sweep probes the
+    shard the hint names, walks on past claimed ones and writes the hint back, so the fallback is not gated
+    for good on fresh shards that do not exist."""
+    from data_juicer_elastic.worker.lanes import read_hint, write_hint
+
+    job = make_job(tmp_path, rows=64, shards=32)  # two lanes of 16
+    assert run_worker(job.root, copy, log=_quiet).exit_code == 0
+    write_hint(job, 0, 3)
+    assert _sweep(job).fresh_left == 0
+    assert read_hint(job, 0) == 16

@@ -55,12 +55,23 @@ def write_hint(job: JobDir, lane: int, index: int) -> None:
         pass
 
 
-def fresh_left(job: JobDir, count: int) -> int:
-    """Shards not yet claimed from the lanes, as the hints say (an upper bound: hints lag)."""
+def fresh_left(job: JobDir, store: ClaimStore, order: list[str]) -> int:
+    """Shards not yet claimed from the lanes: each lane from its hint, checked by probing the shard it names.
+
+    A hint can lag, or go back (a paused worker writing an old position after another wrote the lane's
+    end): the shard it names was claimed already. Then the lane is walked on to its first unclaimed shard
+    (one ``stat`` a shard, each paid once: the corrected hint is written back), so a stale hint never keeps
+    the count of fresh shards above zero for good.
+    """
     left = 0
-    for k, (lo, hi) in enumerate(lane_bounds(count)):
+    for k, (lo, hi) in enumerate(lane_bounds(len(order))):
         hint = read_hint(job, k)
-        left += hi - max(lo, min(hint if hint is not None else lo, hi))
+        first = start = max(lo, min(hint if hint is not None else lo, hi))
+        while first < hi and os.path.lexists(store.lease_path(order[first], 1)):
+            first += 1
+        if first != start:
+            write_hint(job, k, first)
+        left += hi - first
     return left
 
 

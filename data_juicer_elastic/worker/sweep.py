@@ -122,7 +122,8 @@ def build(job: JobDir, store: ClaimStore, previous: Snapshot | None = None, lean
     total = len(rows)
     now = store.now()
     records, unreadable = read_workers(job.workers_dir)
-    left = previous.fresh_left if lean and previous is not None else fresh_left(job, total)
+    order = [s.id for s in manifest.shards]
+    left = previous.fresh_left if lean and previous is not None else fresh_left(job, store, order)
     snap = Snapshot(seq=0, built_at=now, total=total, done=0, fresh_left=left)
     snap.workers = len(records)
     snap.unreadable = unreadable
