@@ -53,6 +53,7 @@ def test_retry_during_a_run_then_retry_and_resubmit(tmp_path):
     finally:
         finish(nodes, timeout=5)
     assert all(n.last_line().startswith("PASS: 24 shards completed") for n in nodes), [n.last_line() for n in nodes]
+    assert not [n for n in nodes if "nothing rewritten" in n.output]  # this run merged: it says so on every node
     assert all(_attempt_of(c, s) == 2 for s in early)  # redone in the same run, once
     assert all(_claimed_at(c, s, 2) - retried_at < LOCK_TIMEOUT / 2 for s in early)  # not after its old lease
     _each_done_once_per_requeue(c, set(early))
@@ -63,6 +64,7 @@ def test_retry_during_a_run_then_retry_and_resubmit(tmp_path):
     again = c.start(HOSTS, "--runner", "weighted", run_id="run-2", **slow)
     assert finish(again) == [0, 0, 0], [n.output for n in again]
     assert all(n.last_line().startswith("PASS: 24 shards completed") for n in again), [n.output for n in again]
+    assert not [n for n in again if "nothing rewritten" in n.output]
     assert _attempt_of(c, late) == 2
     _each_done_once_per_requeue(c, {*early, late})
     assert c.export.read_bytes() == c.dataset.read_bytes()
