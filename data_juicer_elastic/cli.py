@@ -95,9 +95,10 @@ def _status_args(p: ArgumentParser) -> None:
     p.add_argument(
         "--shards",
         action="store_true",
-        help="per-shard detail: read every done record (the summary reads the worker records only)",
+        help="list every shard with its host, rows and lost attempts: reads every done record "
+        "(the summary reads listings and the worker records only)",
     )
-    p.add_argument("--all", action="store_true", help="list every shard, not only unfinished ones (implies --shards)")
+    p.add_argument("--all", action="store_true", help="the same as --shards")
     p.add_argument("--watch", action="store_true", help="redraw one progress line in place until the job ends")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between redraws with --watch")
 
@@ -239,7 +240,7 @@ def cmd_status(a: Namespace) -> int:
     if a.json:
         sys.stdout.buffer.write(orjson.dumps(st.to_dict(), option=orjson.OPT_INDENT_2) + b"\n")
     else:
-        print(format_status(st, show_all=a.all))
+        print(format_status(st, show_all=per_shard))
     return 0 if st.complete else (2 if st.failed else 1)
 
 
