@@ -235,8 +235,13 @@ def cmd_status(a: Namespace) -> int:
 
         return watch(str(_job(a).gen_dir) if a.generation else a.job_dir, a.interval)
     per_shard = a.shards or a.all
-    gc.disable()  # a one-shot process that builds 100,000s of objects and no cycles: the collector only walks them
-    st = job_status(_job(a), details=per_shard, per_shard=per_shard)
+    collecting = gc.isenabled()
+    gc.disable()  # 100,000s of objects and no cycles are made here: the collector would only walk them
+    try:
+        st = job_status(_job(a), details=per_shard, per_shard=per_shard)
+    finally:
+        if collecting:
+            gc.enable()
     if a.json:
         sys.stdout.buffer.write(orjson.dumps(st.to_dict(), option=orjson.OPT_INDENT_2) + b"\n")
     else:
