@@ -6,6 +6,7 @@ come from jsonargparse and exit 2 as well.
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import signal
@@ -91,7 +92,13 @@ def _worker_args(p: ArgumentParser) -> None:
 def _status_args(p: ArgumentParser) -> None:
     _job_dir_arg(p)
     p.add_argument("--json", action="store_true", help="print a JSON object")
-    p.add_argument("--all", action="store_true", help="list every shard, not only unfinished ones")
+    p.add_argument(
+        "--shards",
+        action="store_true",
+        help="list every shard with its host, rows and lost attempts: reads every done record "
+        "(the summary reads listings and the worker records only)",
+    )
+    p.add_argument("--all", action="store_true", help="the same as --shards")
     p.add_argument("--watch", action="store_true", help="redraw one progress line in place until the job ends")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between redraws with --watch")
 
@@ -227,11 +234,18 @@ def cmd_status(a: Namespace) -> int:
         from data_juicer_elastic.watch import watch
 
         return watch(str(_job(a).gen_dir) if a.generation else a.job_dir, a.interval)
-    st = job_status(_job(a), details=a.all or a.json)
+    per_shard = a.shards or a.all
+    collecting = gc.isenabled()
+    gc.disable()  # 100,000s of objects and no cycles are made here: the collector would only walk them
+    try:
+        st = job_status(_job(a), details=per_shard, per_shard=per_shard)
+    finally:
+        if collecting:
+            gc.enable()
     if a.json:
         sys.stdout.buffer.write(orjson.dumps(st.to_dict(), option=orjson.OPT_INDENT_2) + b"\n")
     else:
-        print(format_status(st, show_all=a.all))
+        print(format_status(st, show_all=per_shard))
     return 0 if st.complete else (2 if st.failed else 1)
 
 
@@ -239,7 +253,7 @@ def format_status(st, *, show_all: bool) -> str:
     c = st.counts
     lines = [
         f"job {st.job_dir}" + (f"  generation {st.generation}" if st.generation else ""),
-        f"shards: {len(st.shards)}  done {c['done']}  running {c['running']}  stale {c['stale']}  "
+        f"shards: {st.shard_count}  done {c['done']}  running {c['running']}  stale {c['stale']}  "
         f"pending {c['pending']}  failed {c['failed']}",
         f"rows: {st.input_rows_done}/{st.input_rows} input rows done ({st.progress:.1%}), "
         f"{st.output_rows} output rows" + (f", {st.rows_per_sec:.0f} rows/s" if st.rows_per_sec else ""),
@@ -251,6 +265,11 @@ def format_status(st, *, show_all: bool) -> str:
         )
     if st.hosts:
         lines.append("hosts: " + ", ".join(f"{h}={n}" for h, n in sorted(st.hosts.items())))
+    if st.earlier_attempts:
+        lines.append(
+            f"retried: {st.earlier_attempts} earlier attempt(s) (failed, lost or beaten by a backup)"
+            + ("" if st.per_shard else "; --shards tells which")
+        )
     shown = [s for s in st.shards if show_all or s.state != "done"]
     if shown:
         lines.append(f"{'shard':<22} {'state':<8} {'attempts':>8} {'rows':>9}  host")

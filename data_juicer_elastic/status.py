@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -12,6 +13,7 @@ from data_juicer_elastic.job.manifest import Manifest
 from data_juicer_elastic.job.records.attempt import load_attempt
 from data_juicer_elastic.job.records.done import DoneRecord, load_done_many
 from data_juicer_elastic.job.records.failed import load_failed
+from data_juicer_elastic.job.records.workers import load_workers
 from data_juicer_elastic.worker.speculation import RateBook, late_attempt
 
 STATES = ("pending", "running", "stale", "done", "failed")
@@ -50,6 +52,9 @@ class JobStatus:
     generation: str = ""  # the recipe generation shown ("" for a job dir from before generations)
     hosts_active: list[str] = field(default_factory=list)  # hosts holding a live lease now
     error_rows: int = 0  # rows removed by op errors (skip_op_error) in done shards
+    shard_count: int = 0  # the job's shards (``shards`` lists them all only with ``per_shard``)
+    per_shard: bool = True  # ``shards`` lists every shard; else only those started and not done (a summary)
+    earlier_attempts: int = 0  # attempts before each shard's latest: failed, lost or beaten by a backup
 
     def to_dict(self) -> dict:
         """JSON-ready view for output only: shard entries are the objects' own dicts.
@@ -61,13 +66,16 @@ class JobStatus:
         return d
 
 
-def job_status(job: JobDir, *, details: bool = True) -> JobStatus:
-    """One listing per state directory, one read per done record, one stat per leased unfinished shard.
+def job_status(job: JobDir, *, details: bool = True, per_shard: bool = True) -> JobStatus:
+    """The job's state; ``per_shard`` reads every done record, the summary (``per_shard=False``) none.
 
-    ``details`` also counts the lost attempts of done shards (one attempt.json
-    read per earlier attempt of each); ``dj-elastic status`` asks for them with
-    ``--all`` or ``--json`` only, the one-line views never.
+    Both list ``state/done``, ``state/failed`` and ``state/claims`` once. The per-shard view reads one done
+    record per done shard and, with ``details``, counts the lost attempts of done shards (one attempt.json
+    read per earlier attempt of each); ``dj-elastic status`` asks for it with ``--shards`` or ``--all``.
+    The summary (``job_summary``) takes the done shards' totals from the worker records instead.
     """
+    if not per_shard:
+        return job_summary(job)
     manifest = job.manifest()
     store = claim_store(job)
     done, failed = job.done_ids(), job.failed_ids()
@@ -83,26 +91,151 @@ def job_status(job: JobDir, *, details: bool = True) -> JobStatus:
             if not details or attempts <= 1:
                 shards.append(s)
                 continue
-        else:
-            s = ShardStatus(id=spec.id, state="pending", attempts=attempts, input_rows=spec.rows)
-        if s.state == "done":
-            pass
-        elif spec.id in failed:
-            rec = load_failed(job, spec.id)
-            s.state, s.host, s.error, s.log = "failed", rec and rec.host, one_line(rec and rec.error), rec and rec.log
-        elif s.attempts:
-            _lease_state(store, s, now)
-            if store.backup_of(s.id, s.attempts) is not None:
-                book = book or [RateBook(job)]
-                s.backup = backup_view(job, store, book[0], done, s, now)
-        finished_last = s.state in ("done", "running")  # its last attempt is alive or recorded done
-        if s.attempts > finished_last:
-            s.lost = lost_attempts(job, spec.id, s.attempts - finished_last)
-        shards.append(s)
+            s.lost = lost_attempts(job, spec.id, attempts - 1)
+            shards.append(s)
+            continue
+        shards.append(_unfinished(job, store, spec.id, spec.rows, attempts, spec.id in failed, done, now, book))
     good = [r for r in records.values() if isinstance(r, DoneRecord)]
     starts = [r.started_at for r in good if r.started_at is not None]
     ends = [r.finished_at for r in good if r.finished_at is not None]
-    return _summarise(job, manifest, shards, max(ends, default=0.0) - min(starts, default=float("inf")))
+    st = _summarise(job, manifest, shards, max(ends, default=0.0) - min(starts, default=float("inf")))
+    st.earlier_attempts = sum(max(n - 1, 0) for n in latest.values())
+    return st
+
+
+def _unfinished(
+    job: JobDir,
+    store: ClaimStore,
+    sid: str,
+    rows_in: int,
+    attempts: int,
+    failed: bool,
+    done: set[str],
+    now: float,
+    book: list[RateBook],
+) -> ShardStatus:
+    """A shard without a done record: failed (its record read), leased (its lease looked at) or pending."""
+    s = ShardStatus(id=sid, state="pending", attempts=attempts, input_rows=rows_in)
+    if failed:
+        rec = load_failed(job, sid)
+        s.state, s.host, s.error, s.log = "failed", rec and rec.host, one_line(rec and rec.error), rec and rec.log
+    elif s.attempts:
+        _lease_state(store, s, now)
+        if store.backup_of(s.id, s.attempts) is not None:
+            book[:] = book or [RateBook(job)]
+            s.backup = backup_view(job, store, book[0], done, s, now)
+    finished_last = s.state == "running"  # its last attempt is alive
+    if s.attempts > finished_last:
+        s.lost = lost_attempts(job, sid, s.attempts - finished_last)
+    return s
+
+
+def job_summary(job: JobDir) -> JobStatus:
+    """The job's counts, rows, rate and hosts without opening a done record.
+
+    Listings of ``state/done``, ``state/failed`` and ``state/claims`` give the states (exact, as the
+    per-shard view counts them) and the input rows done (the manifest's rows of the done shards); the
+    worker records (``state/workers``, one per worker process) give the output and error rows, each
+    host's shards and the job's span. A worker record counts a done shard through its ``published`` sum,
+    or through the attempt it still names, whose done record is read (one per attempt a live worker
+    holds). Only shards started and not done are listed, as the per-shard view has them (their leases,
+    failure records and attempts are looked at: few while a job runs). When the records do not account
+    for exactly the done records listed (a job dir run before worker records, a record lost, a retried
+    done shard), the done records are read after all, as ``--shards`` does.
+    """
+    manifest = job.manifest()
+    store = claim_store(job)
+    rows = {s.id: s.rows for s in manifest.shards}
+    done, failed = job.done_ids() & rows.keys(), job.failed_ids() & rows.keys()
+    latest = _latest_attempts(job, rows)
+    now = store.now() if len(done) + len(failed) < len(rows) else time.time()
+    shards: list[ShardStatus] = []
+    book: list[RateBook] = []
+    counts = {state: 0 for state in STATES}
+    counts["done"] = len(done)
+    for sid, attempts in latest.items():
+        if sid in rows and sid not in done and sid not in failed:
+            shards.append(_unfinished(job, store, sid, rows[sid], attempts, False, done, now, book))
+    for sid in sorted(failed - done):
+        shards.append(_unfinished(job, store, sid, rows[sid], latest.get(sid, 0), True, done, now, book))
+    shards.sort(key=lambda s: s.id)  # manifest order: shard ids sort as their index
+    for s in shards:
+        counts[s.state] += 1
+    counts["pending"] += len(rows) - len(done) - len(shards)  # never claimed
+    totals = _done_totals(job, done)
+    rows_done = sum(rows[sid] for sid in done)
+    total_rows = manifest.total_rows
+    span = totals.last_finish - totals.first_start
+    return JobStatus(
+        job_dir=str(job.root),
+        counts=counts,
+        shards=shards,
+        hosts=totals.hosts,
+        input_rows=total_rows,
+        input_rows_done=rows_done,
+        output_rows=totals.output_rows,
+        progress=rows_done / total_rows if total_rows else 1.0,
+        rows_per_sec=round(rows_done / span, 1) if span > 0 else None,
+        complete=counts["done"] == len(rows),
+        failed=counts["failed"] > 0,
+        generation=job.generation,
+        hosts_active=sorted({s.host or "?" for s in shards if s.state == "running"}),
+        error_rows=totals.error_rows,
+        shard_count=len(rows),
+        per_shard=False,
+        earlier_attempts=sum(n - 1 for n in latest.values() if n > 1),
+    )
+
+
+def _latest_attempts(job: JobDir, rows: dict[str, int]) -> dict[str, int]:
+    """``ClaimStore.latest_attempts`` for the manifest's shards (one listing; a name is split, not matched)."""
+    latest: dict[str, int] = {}
+    for name in os.listdir(job.claims_dir):
+        sid, at, n = name.rpartition("@")
+        if at and n.isdigit() and sid in rows and int(n) > latest.get(sid, 0):
+            latest[sid] = int(n)
+    return latest
+
+
+@dataclass
+class _DoneTotals:
+    hosts: dict[str, int] = field(default_factory=dict)
+    output_rows: int = 0
+    error_rows: int = 0
+    first_start: float = float("inf")
+    last_finish: float = 0.0
+
+    def add(self, host: str, n: int, output_rows: int, error_rows: int, start, end) -> None:
+        if n:
+            self.hosts[host or "?"] = self.hosts.get(host or "?", 0) + n
+        self.output_rows += output_rows
+        self.error_rows += error_rows
+        if start is not None:
+            self.first_start = min(self.first_start, start)
+        if end is not None:
+            self.last_finish = max(self.last_finish, end)
+
+
+def _done_totals(job: JobDir, done: set[str]) -> _DoneTotals:
+    """The done shards' totals from the worker records; from the done records when those don't add up."""
+    totals, counted = _DoneTotals(), 0
+    for r in load_workers(job.workers_dir):
+        totals.add(r.host, r.published, r.output_rows, r.error_rows, r.first_start, r.last_finish)
+        counted += r.published
+        named = [(sid, n) for sid, n in r.pairs if sid in done]
+        for sid, rec in load_done_many(job, sorted({sid for sid, _ in named})).items():
+            if isinstance(rec, DoneRecord) and rec.worker == r.worker and (sid, rec.attempt) in named:
+                totals.add(rec.host, 1, rec.rows, rec.error_rows, rec.started_at, rec.finished_at)
+                counted += 1
+    if counted == len(done):
+        return totals
+    totals = _DoneTotals()
+    for rec in load_done_many(job, sorted(done)).values():
+        if isinstance(rec, DoneRecord):
+            totals.add(rec.host, 1, rec.rows, rec.error_rows, rec.started_at, rec.finished_at)
+        else:
+            totals.add("?", 1, 0, 0, None, None)
+    return totals
 
 
 def lost_attempts(job: JobDir, sid: str, upto: int) -> int:
@@ -182,6 +315,7 @@ def _summarise(job: JobDir, manifest: Manifest, shards: list[ShardStatus], elaps
         generation=job.generation,
         hosts_active=sorted({s.host or "?" for s in shards if s.state == "running"}),
         error_rows=sum(s.error_rows for s in shards),
+        shard_count=len(shards),
     )
 
 

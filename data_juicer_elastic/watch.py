@@ -6,7 +6,7 @@ stands: shards done / running / pending, hosts at work, rows per second and
 the time left. The line every process logs (``ProgressTicker``) comes from
 the shared snapshot of the worker records (``worker.sweep``): one small file
 read per tick, whatever the job's size. ``status --watch``, a person's
-request, still reads the whole job (``status.job_status``).
+request, redraws ``status.job_summary``: listings and the worker records, no done record.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def progress_line(st: JobStatus) -> str:
     """``progress: 12/16 shards done, 3 running, 1 pending; 2 host(s) active; 4,210 rows/s; ETA 1m05s``."""
     c = st.counts
     parts = [
-        f"progress: {c['done']}/{len(st.shards)} shards done ({st.progress:.0%} of rows), "
+        f"progress: {c['done']}/{st.shard_count} shards done ({st.progress:.0%} of rows), "
         f"{c['running']} running, {c['pending'] + c['stale']} pending"
         + (f", {c['failed']} failed" if c["failed"] else "")
     ]
@@ -136,7 +136,7 @@ def watch(
     last = ""
     while True:
         job = JobDir(job_dir)
-        st = job_status(job)
+        st = job_status(job, per_shard=False)
         line = f"{time.strftime('%H:%M:%S')} {progress_line(st)}"
         if tty:
             out.write("\r\x1b[2K" + line)

@@ -185,7 +185,16 @@ def test_status_json_counts_and_shards(tmp_path, capsys):
     assert cli_main(["status", "--job-dir", str(job.root), "--json"]) == 1
     data = orjson.loads(capsys.readouterr().out)
     assert data["counts"] == {"pending": 1, "running": 0, "stale": 0, "done": 2, "failed": 0}
-    assert {"id", "state", "host", "attempts", "rows"} <= set(data["shards"][0])
+    # the summary lists only shards started and not done (here none); every shard is --shards' detail
+    assert data["shards"] == [] and data["shard_count"] == 3 and data["per_shard"] is False
+    assert cli_main(["status", "--job-dir", str(job.root), "--json", "--shards"]) == 1
+    detail = orjson.loads(capsys.readouterr().out)
+    assert detail["counts"] == data["counts"] and detail["per_shard"] is True
+    assert {"id", "state", "host", "attempts", "rows"} <= set(detail["shards"][0])
+    assert [s["state"] for s in detail["shards"]] == ["done", "done", "pending"]
+    assert {k: v for k, v in detail.items() if k not in ("shards", "per_shard")} == {
+        k: v for k, v in data.items() if k not in ("shards", "per_shard")
+    }
 
 
 @pytest.mark.parametrize("argv", [["worker", "--job-dir", "/nonexistent/job"], ["status", "--job-dir", "/nope"]])

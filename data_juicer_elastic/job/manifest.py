@@ -8,7 +8,10 @@ digest covers its own content, so an edit after prepare is refused.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,10 +117,8 @@ class Manifest:
                     f"{where}: schema_version {d.get('schema_version')!r} is not {SCHEMA_VERSION}; "
                     "prepare the job again with this version of data-juicer-elastic"
                 )
-            shards = tuple(
-                ShardSpec(**{**s, "sources": tuple(ShardSource(**src) for src in s.get("sources", ()))})
-                for s in d["shards"]
-            )
+            with _no_gc():  # 200,000 objects at 100,000 shards: the collector would walk them dozens of times
+                shards = tuple(_shard(s) for s in d["shards"])
             return cls(
                 dataset_path=d["dataset_path"],
                 input_kind=d["input_kind"],
@@ -139,6 +140,45 @@ class Manifest:
             if isinstance(exc, IntegrityError):
                 raise
             raise IntegrityError(f"{where}: malformed manifest ({exc!r}); prepare the job again") from exc
+
+
+@contextmanager
+def _no_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector (the objects made meanwhile hold no cycles)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _fast(cls: type) -> Any:
+    """A maker of ``cls`` objects from a dict that checks the keys as ``cls(**d)`` would, without the
+    frozen dataclass's ``__init__`` (one ``object.__setattr__`` per field): a manifest of 100,000 shards
+    loads in a fraction of the time (its digest is checked on the dict, before or after, as before)."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+    required, known = frozenset(names) - defaults.keys(), frozenset(names)
+    new, set_attr = object.__new__, object.__setattr__
+
+    def make(d: dict[str, Any], **override: Any) -> Any:
+        keys = d.keys()
+        if not (required <= keys <= known):
+            raise TypeError(f"{cls.__name__}: missing {sorted(required - keys)}, unexpected {sorted(keys - known)}")
+        obj = new(cls)
+        set_attr(obj, "__dict__", {**defaults, **d, **override})
+        return obj
+
+    return make
+
+
+_spec, _source = _fast(ShardSpec), _fast(ShardSource)
+
+
+def _shard(s: dict[str, Any]) -> ShardSpec:
+    return _spec(s, sources=tuple(_source(src) for src in s.get("sources", ())))
 
 
 def manifest_digest(d: dict[str, Any]) -> str:
