@@ -13,7 +13,7 @@ from data_juicer_elastic.job.manifest import Manifest
 from data_juicer_elastic.job.records.attempt import load_attempt
 from data_juicer_elastic.job.records.done import DoneRecord, load_done_many
 from data_juicer_elastic.job.records.failed import load_failed
-from data_juicer_elastic.job.records.workers import load_workers
+from data_juicer_elastic.job.records.workers import read_workers
 from data_juicer_elastic.worker.speculation import RateBook, late_attempt
 
 STATES = ("pending", "running", "stale", "done", "failed")
@@ -219,7 +219,7 @@ class _DoneTotals:
 def _done_totals(job: JobDir, done: set[str]) -> _DoneTotals:
     """The done shards' totals from the worker records; from the done records when those don't add up."""
     totals, counted = _DoneTotals(), 0
-    for r in load_workers(job.workers_dir):
+    for r in read_workers(job.workers_dir)[0]:
         totals.add(r.host, r.published, r.output_rows, r.error_rows, r.first_start, r.last_finish)
         counted += r.published
         named = [(sid, n) for sid, n in r.pairs if sid in done]
