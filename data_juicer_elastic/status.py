@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from data_juicer_elastic.errors import IntegrityError, one_line
-from data_juicer_elastic.job.claims import ClaimStore, claim_store
+from data_juicer_elastic.job.claims import RELEASED_MTIME, ClaimStore, claim_store, lease_name
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.manifest import Manifest
 from data_juicer_elastic.job.records.attempt import load_attempt
@@ -239,9 +239,25 @@ def _done_totals(job: JobDir, done: set[str]) -> _DoneTotals:
 
 
 def lost_attempts(job: JobDir, sid: str, upto: int) -> int:
-    """Attempts 1..upto whose attempt.json still says ``running`` (or nothing): their process died or stalled."""
-    records = (load_attempt(job.attempt_dir(sid, n)) for n in range(1, upto + 1))
-    return sum(1 for r in records if r is None or r.outcome in (None, "running"))
+    """Attempts 1..upto whose attempt.json still says ``running`` (or nothing): their process died or stalled.
+
+    An attempt with no record whose lease was released was given back on purpose (a claim that found the
+    shard done just then, a claim made ahead by a worker that stopped): nothing was lost.
+    """
+    lost = 0
+    for n in range(1, upto + 1):
+        r = load_attempt(job.attempt_dir(sid, n))
+        if r is None and _released(job.claims_dir / lease_name(sid, n)):
+            continue
+        lost += r is None or r.outcome in (None, "running")
+    return lost
+
+
+def _released(lease: os.PathLike) -> bool:
+    try:
+        return os.lstat(lease).st_mtime <= RELEASED_MTIME
+    except FileNotFoundError:
+        return False
 
 
 def _done_status(sid: str, rows_in: int, attempts: int, rec: DoneRecord | IntegrityError | None) -> ShardStatus:

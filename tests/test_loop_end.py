@@ -98,3 +98,22 @@ def test_an_attempt_whose_lease_lapsed_does_not_publish(tmp_path):
     assert attempt_outcomes(job)[sid][0] == "superseded"
     assert orjson.loads(job.done_path(sid).read_bytes())["attempt"] == 2
     assert "lease not renewed for" in log.read_text()
+
+
+def test_an_idle_claim_loop_that_sees_nothing_move_gives_up_after_the_stall_timeout(tmp_path):
+    """The claim loop's own stall bound (wait_for_shards had one, a claim loop none): a scan that keeps
+    finding nothing to claim while nothing runs and no shard finishes ends the loop as stalled."""
+    from data_juicer_elastic.worker.loop import Worker
+    from data_juicer_elastic.worker.sweep import Snapshot
+
+    job = make_job(tmp_path, rows=20, shards=2, poll_interval_secs=0.1)
+    worker = Worker(job.root, copy, stall_timeout=1.0, log=lambda *_: None)
+    hidden = Snapshot(seq=1, built_at=0.0, total=2, done=0, fresh_left=0)
+
+    def finds_nothing():  # a snapshot that hides the job's two shards, as a bug or a lost record could
+        worker.chooser.last = hidden
+        return None, False, set()
+
+    worker.chooser.claim_next = finds_nothing
+    result = worker.run()
+    assert result.stalled and result.exit_code == 1 and "for 1s" in result.message

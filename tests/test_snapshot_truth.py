@@ -106,3 +106,19 @@ def test_a_lane_hint_written_backwards_never_keeps_fresh_shards_above_zero(tmp_p
     write_hint(job, 0, 3)
     assert _sweep(job).fresh_left == 0
     assert read_hint(job, 0) == 16
+
+
+def test_status_does_not_count_a_lease_given_back_on_purpose_as_lost(tmp_path):
+    """A claim that found its shard done just then, or one made ahead by a worker that stopped, releases its
+    lease without an attempt record: given back, not lost to a killed process."""
+    from data_juicer_elastic.status import job_status
+
+    job = make_job(tmp_path, rows=20, shards=2)
+    sid = job.manifest().shards[0].id
+    store = claim_store(job, "quitter")
+    lease = store.try_claim(sid, 0)
+    store.release(lease)
+    store.ledger.drop(sid, lease.attempt)
+    assert run_worker(job.root, copy, log=_quiet).exit_code == 0
+    shard = next(s for s in job_status(job, details=True).shards if s.id == sid)
+    assert shard.attempts == 2 and shard.lost == 0

@@ -89,6 +89,7 @@ class AfterPrepare:
                 prefetch=self.spec.prefetch_shards,
                 speculation=self.spec.speculation,
                 should_stop=lambda: self.run.aborted() is not None,
+                stall_timeout=self.spec.wait_timeout_secs,
                 log=self.log,
             )
         finally:
@@ -100,6 +101,8 @@ class AfterPrepare:
             return Outcome(result.exit_code, f"host={self.host}: {result.message}", self.host, self.run.pid)
         if result.exit_code == EXIT_FAILED:
             return self.abort(result.message)
+        if result.stalled:  # the same abort a process that only waits gives
+            return self.abort(self.stall_message(self.job.done_ids()))
         return None
 
     def shard_quota(self) -> int | None:

@@ -191,12 +191,29 @@ def touch(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def server_now(probe: str | os.PathLike) -> float:
+CLOCK_RETRY_SECS = 30.0  # how long a clock probe rides out a flaky mount before its error stops the caller
+
+
+def server_now(probe: str | os.PathLike, retry_secs: float = CLOCK_RETRY_SECS) -> float:
     """Current time on the filesystem that holds ``probe`` (created if missing).
 
     Node clocks may be skewed; the one clock every node sees alike is the one
-    that stamps mtimes on the shared directory.
+    that stamps mtimes on the shared directory. No local clock stands in for
+    it (that could take a live lease), so an error (a mount that hiccups) is
+    retried for ``retry_secs`` before it is raised; a full disk is raised at once.
     """
+    deadline, pause = time.monotonic() + retry_secs, 0.05
+    while True:
+        try:
+            return _probe_mtime(probe)
+        except OSError as exc:
+            if is_disk_full(exc) or time.monotonic() + pause > deadline:
+                raise
+            time.sleep(pause)
+            pause = min(pause * 2, 2.0)
+
+
+def _probe_mtime(probe: str | os.PathLike) -> float:
     try:
         touch(probe)
     except FileNotFoundError:

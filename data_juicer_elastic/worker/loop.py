@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, wait
@@ -65,6 +66,7 @@ class WorkerResult:
     completed: list[str] = field(default_factory=list)
     message: str = ""
     job_complete: bool = False  # it ended because every shard is done
+    stalled: bool = False  # it ended because nothing moved for ``stall_timeout`` while it had nothing to claim
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,7 @@ class Worker:
         stop_when_idle: bool = False,
         speculation: Speculation | None = None,
         should_stop: Callable[[], bool] | None = None,
+        stall_timeout: float | None = None,
         log: Callable[[str], None] = print,
     ) -> None:
         self.job = JobDir(job_dir, shared_link_check=True)
@@ -121,6 +124,8 @@ class Worker:
         self.chooser.backlog = self.backlog  # tail pacing counts the shards held ahead
         self.tail = TailWait(self.job, self.chooser, self.policy, log)
         self.stopper = RunnerStopper()
+        self.stall_timeout = stall_timeout  # None: an idle worker waits as long as the job lasts
+        self._progress: tuple[int, float] = (-1, time.monotonic())  # (done count seen, when it last moved)
         self.claimed = 0
         self.waiting: deque[Attempt] = deque()  # claimed and loading, not processed yet
         self.finishing: list[tuple[Attempt, Future]] = []
@@ -237,8 +242,20 @@ class Worker:
             return End(0, f"claimed its share of {self.claim_limit} shard(s)")
         if self.stop_when_idle:
             return End(1, "no claimable shard left; others still running")
+        if self._stalled():
+            result.stalled = True
+            return End(1, f"nothing claimable, running or finishing for {self.stall_timeout:g}s")
         self.tail.wait()
         return None
+
+    def _stalled(self) -> bool:
+        """Idle with nothing live and no shard finishing for ``stall_timeout``: the job cannot move on its own."""
+        snap, now = self.chooser.last, time.monotonic()
+        done = snap.done if snap is not None else -1
+        if snap is None or snap.live or done != self._progress[0]:
+            self._progress = (done, now)
+            return False
+        return self.stall_timeout is not None and now - self._progress[1] > self.stall_timeout
 
     def _busy(self) -> bool:
         return bool(self.waiting or self.finishing or self.current)
@@ -328,6 +345,7 @@ class Worker:
                 raise error
             if self._count_pace(attempt, future.result()):
                 result.completed.append(attempt.lease.shard)
+                self._progress = (-1, time.monotonic())
 
     def _count_pace(self, attempt: Attempt, outcome: str) -> bool:
         """A done attempt feeds the pace with its processing time (not its wait behind another shard)."""
