@@ -74,9 +74,11 @@ class Dataset:
         if not self.skipped:
             return None
         more = f", ... ({len(self.skipped) - limit} more)" if len(self.skipped) > limit else ""
+        names = "*.parquet" if self.parquet else "*.jsonl, *.jsonl.gz or *.jsonl.zst"
         return (
-            f"{self.root}: skipped {len(self.skipped)} file(s) not named *.jsonl, *.jsonl.gz, *.jsonl.zst "
-            "or *.parquet: " + ", ".join(self.skipped[:limit]) + more
+            f"{self.root}: skipped {len(self.skipped)} file(s) not named {names}: "
+            + ", ".join(self.skipped[:limit])
+            + more
         )
 
 
