@@ -198,3 +198,12 @@ def test_index_keys_refused_for_parquet(tmp_path):
     data = _dataset(tmp_path)
     with pytest.raises(UserError, match="index_keys"):
         run(request(data, tmp_path / "job", 2, index_keys=("uid",)))
+
+
+def test_auto_num_shards_stays_within_the_row_groups(tmp_path):
+    from data_juicer_elastic.plugin import executor
+
+    data = tmp_path / "data"
+    write_parquet(data / "a.parquet", _table(0, 3000), [1000, 1000, 1000])
+    assert executor.parquet_row_groups(str(data)) == 3
+    assert executor.auto_num_shards(str(data), nodes=None) == 3  # 8 without the cap (nodes unset)
