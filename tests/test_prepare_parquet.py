@@ -209,3 +209,11 @@ def test_auto_num_shards_stays_within_the_row_groups(tmp_path, monkeypatch):
     write_parquet(data / "a.parquet", _table(0, 3000), [1000, 1000, 1000])
     assert executor.parquet_row_groups(str(data)) == 3
     assert executor.auto_num_shards(str(data), nodes=None) == 3  # 8 without the cap (nodes unset)
+
+
+def test_a_single_parquet_file(tmp_path):
+    path = write_parquet(tmp_path / "one.parquet", _table(0, 500), [100, 150, 250])
+    result, _ = run(request(path, tmp_path / "job", 2))
+    m = result.manifest
+    assert m.input_kind == "file" and [f.path for f in m.files] == ["one.parquet"] and m.total_rows == 500
+    assert [r["id"] for r in _read_all(tmp_path / "job")] == list(range(500))

@@ -331,7 +331,8 @@ def read_descriptor(path: str, schema: Any) -> list[Any]:
                 "read it in place: restore it, or prepare the job again in a new job dir"
             )
         a, b = src["row_groups"]
-        table = pq.ParquetFile(p).read_row_groups(list(range(a, b)))
+        with pq.ParquetFile(p) as pf:
+            table = pf.read_row_groups(list(range(a, b)))
         if table.num_rows != src["rows"]:
             raise PermanentError(f"{p}: row groups {a}..{b - 1} hold {table.num_rows} rows, prepare saw {src['rows']}")
         tables.append(conform(table.replace_schema_metadata(None), schema))
