@@ -57,17 +57,20 @@ def arrow_type(recorded: Any) -> Any:
     return pa.struct([pa.field(name, arrow_type(t)) for name, t in inner])
 
 
-def arrow_schema(columns: list) -> Any:
+def arrow_schema(columns: Any) -> Any:
+    """The Arrow schema of recorded columns (a Parquet input records an Arrow schema: returned as it is)."""
     import pyarrow as pa
 
+    if isinstance(columns, pa.Schema):
+        return columns
     return pa.schema([pa.field(name, arrow_type(t)) for name, t in columns])
 
 
-def output_schema(table: Any, columns: list | None) -> Any:
+def output_schema(table: Any, columns: Any) -> Any:
     """The recorded input columns first (recorded types), then the columns the ops added, as inferred."""
     import pyarrow as pa
 
-    if not columns:
+    if columns is None or len(columns) == 0:
         return table.schema
     recorded = arrow_schema(columns)
     fields = []
@@ -129,7 +132,7 @@ def output_format(output: str, recipe_path: str | os.PathLike | None = None) -> 
 
 
 # --------------------------------------------------------------------------- the attempt's Parquet output
-def write_shard_parquet(table: Any, attempt_dir: str | os.PathLike, columns: list | None) -> Path:
+def write_shard_parquet(table: Any, attempt_dir: str | os.PathLike, columns: Any) -> Path:
     """Write ``table`` as the attempt's ``processed.parquet`` (temp, fsync, rename), then its sidecar."""
     import pyarrow.parquet as pq
 

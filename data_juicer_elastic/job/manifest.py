@@ -91,6 +91,10 @@ class Manifest:
     # The whole input's columns and JSON types (prepare.schema's recorded form), read by every shard's
     # reader so that a row's values never depend on its shard. None: prepared before schema 5.
     columns: list | None = None
+    # A Parquet input (prepare.parquet): {"schema": base64 of the unified Arrow schema (IPC), "schema_text": the
+    # same as text}; its shards are descriptors of row groups read in place. None (and left out of the JSON, so
+    # a JSONL job's manifest and digest are as before): a JSONL input.
+    parquet: dict[str, Any] | None = None
     schema_version: int = SCHEMA_VERSION
     digest: str = ""  # manifest_digest() of the rest, set by seal()
 
@@ -103,6 +107,10 @@ class Manifest:
         d["policy"] = dict(vars(self.policy))
         d["media_keys"], d["index_keys"] = list(self.media_keys), list(self.index_keys)
         d["shards"] = [{**vars(s), "sources": [dict(vars(src)) for src in s.sources]} for s in self.shards]
+        if d["parquet"] is None:
+            del d["parquet"]
+        else:
+            d["parquet"] = dict(d["parquet"])
         return d
 
     def seal(self) -> Manifest:
@@ -133,6 +141,7 @@ class Manifest:
                 total_bytes=d["total_bytes"],
                 created_at=d.get("created_at", 0.0),
                 columns=d.get("columns"),
+                parquet=dict(d["parquet"]) if d.get("parquet") is not None else None,
                 schema_version=d["schema_version"],
                 digest=d.get("digest", ""),
             )

@@ -49,6 +49,20 @@ def input_bytes(dataset_path: str, job_dir: str | None = None) -> int:
     return sum(spec.seen.size for spec in discover(dataset_path, exclude=exclude).inputs)
 
 
+def parquet_row_groups(dataset_path: str, job_dir: str | None = None) -> int | None:
+    """Row groups of a Parquet input (a shard holds whole row groups, so at most this many shards); None: JSONL."""
+    exclude = (job_dir,) if job_dir else ()
+    dataset = discover(dataset_path, exclude=exclude)
+    if not dataset.parquet:
+        return None
+    import pyarrow.parquet as pq
+
+    try:
+        return sum(pq.read_metadata(spec.path).num_row_groups for spec in dataset.inputs)
+    except Exception:  # an unreadable file: prepare names it
+        return None
+
+
 def auto_num_shards(dataset_path: str, nodes: int | None = None, job_dir: str | None = None) -> int:
     """Several shards per node, so nodes that finish early take over the remaining work.
 
@@ -70,6 +84,10 @@ def auto_num_shards(dataset_path: str, nodes: int | None = None, job_dir: str | 
         + (f"; a multiple of nodes={nodes}" if nodes else "")
         + ")"
     )
+    groups = parquet_row_groups(dataset_path, job_dir)
+    if groups is not None and 0 < groups < shards:
+        logger.info(f"num_shards auto: {groups}, the input's Parquet row groups (a row group is never split)")
+        shards = groups
     return shards
 
 

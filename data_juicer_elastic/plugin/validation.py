@@ -184,7 +184,7 @@ def _dataset_problems(cfg: Any) -> list[str]:
         return [f"dataset_path {dataset_path!r} does not exist{hint}"]
     if os.path.isfile(dataset_path) and not dataset_path.endswith(INPUT_SUFFIXES):
         return [
-            f"dataset_path {dataset_path!r} is not JSONL; elastic_shard reads files named "
+            f"dataset_path {dataset_path!r} is not JSONL (nor Parquet); elastic_shard reads files named "
             f"{', '.join('*' + s for s in INPUT_SUFFIXES)} (or a folder of them)"
         ]
     return []

@@ -47,6 +47,7 @@ from data_juicer_elastic.prepare.inputs import (
     discover,
     materialise,
 )
+from data_juicer_elastic.prepare.parquet import build as parquet_build
 from data_juicer_elastic.prepare.pool import Counter, make_pool
 from data_juicer_elastic.prepare.request import PrepareRequest
 from data_juicer_elastic.prepare.schema import Conflict, describe, first_conflict, kinds_at, merge, resolve
@@ -99,7 +100,11 @@ def prepare(
         log(note)
     try:
         with Staging(job.root) as staging:
-            built = _Build(req, dataset, staging.path, recipe_sha, progress, jobs).run()
+            if dataset.parquet:
+                pq_built = parquet_build(req, dataset, staging.path, recipe_sha)
+                built = _Built(pq_built.manifest, pq_built.data_bytes)
+            else:
+                built = _Build(req, dataset, staging.path, recipe_sha, progress, jobs).run()
             if not staging.publish():
                 staging.discard()
                 complete_publication(job.root)

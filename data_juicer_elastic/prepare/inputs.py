@@ -1,8 +1,9 @@
 """Input discovery for prepare: which files, in which order, and did they change.
 
-A dataset is one JSONL file or a directory scanned recursively for
-``*.jsonl``, ``*.jsonl.gz`` and ``*.jsonl.zst``, ordered by relative path
-(plain string sort of the posix path). Compressed files are decompressed into
+A dataset is one JSONL or Parquet file, or a directory scanned recursively
+for ``*.jsonl``, ``*.jsonl.gz``, ``*.jsonl.zst`` and ``*.parquet``, ordered by
+relative path (plain string sort of the posix path). One job reads one input
+format: a folder holding both JSONL and Parquet files is refused. Compressed files are decompressed into
 the staging folder once, so every later step reads plain bytes with seeks;
 byte ranges in the manifest then refer to the decompressed stream.
 """
@@ -21,7 +22,8 @@ from typing import BinaryIO
 from data_juicer_elastic.errors import UserError
 from data_juicer_elastic.storage.blocks import blocks
 
-SUFFIXES = {".jsonl": None, ".jsonl.gz": "gz", ".jsonl.zst": "zst"}
+SUFFIXES = {".jsonl": None, ".jsonl.gz": "gz", ".jsonl.zst": "zst", ".parquet": "parquet"}
+PARQUET = "parquet"  # the codec of a Parquet input: read in place by prepare.parquet, never materialised
 STAGING_MARK = ".dje-staging-"
 
 
@@ -46,9 +48,13 @@ class InputSpec:
 
     rel: str  # name in the manifest: posix path relative to the root (file input: the file name)
     path: str  # absolute path of the file as found
-    codec: str | None  # None, "gz" or "zst"
+    codec: str | None  # None, "gz", "zst" or "parquet"
     media_base: str  # folder relative media paths resolve against
     seen: Fingerprint
+
+    @property
+    def parquet(self) -> bool:
+        return self.codec == PARQUET
 
 
 @dataclass(frozen=True)
@@ -58,13 +64,19 @@ class Dataset:
     inputs: tuple[InputSpec, ...]
     skipped: tuple[str, ...] = ()  # files of a folder input that are not JSONL (relative paths)
 
+    @property
+    def parquet(self) -> bool:
+        """A Parquet dataset (discover refuses a mix, so the first input tells)."""
+        return bool(self.inputs) and self.inputs[0].parquet
+
     def skipped_note(self, limit: int = 10) -> str | None:
         """A log line naming the files a folder input left out, so none is dropped silently."""
         if not self.skipped:
             return None
         more = f", ... ({len(self.skipped) - limit} more)" if len(self.skipped) > limit else ""
+        names = "*.parquet" if self.parquet else "*.jsonl, *.jsonl.gz or *.jsonl.zst"
         return (
-            f"{self.root}: skipped {len(self.skipped)} file(s) not named *.jsonl, *.jsonl.gz or *.jsonl.zst: "
+            f"{self.root}: skipped {len(self.skipped)} file(s) not named {names}: "
             + ", ".join(self.skipped[:limit])
             + more
         )
@@ -87,9 +99,10 @@ def discover(dataset_path: str, exclude: tuple[str, ...] = ()) -> Dataset:
     if stat.S_ISDIR(st.st_mode):
         skipped: list[str] = []
         inputs = _scan_dir(root, {os.path.realpath(p) for p in exclude}, skipped)
+        _refuse_mixed(root, inputs)
         return Dataset(root, "dir", inputs, tuple(sorted(skipped)))
     if not stat.S_ISREG(st.st_mode):
-        raise UserError(f"{root}: not a regular file or directory; pass a JSONL file or a folder of them")
+        raise UserError(f"{root}: not a regular file or directory; pass a JSONL or Parquet file or a folder of them")
     _, codec = codec_of(os.path.basename(root))
     spec = _spec(root, os.path.basename(root), codec, os.path.dirname(root))
     return Dataset(root, "file", (spec,))
@@ -102,11 +115,23 @@ def _scan_dir(root: str, exclude: set[str], skipped: list[str]) -> tuple[InputSp
         if not _has_entries(root):
             raise UserError(f"{root}: the dataset directory is empty; put .jsonl files in it or pass another path")
         raise UserError(
-            f"{root}: no *.jsonl, *.jsonl.gz or *.jsonl.zst files found (searched recursively); "
-            "name the JSONL files with one of these suffixes or pass the file itself"
+            f"{root}: no *.jsonl, *.jsonl.gz, *.jsonl.zst or *.parquet files found (searched recursively); "
+            "name the input files with one of these suffixes or pass the file itself"
         )
     found.sort(key=lambda s: s.rel)
     return tuple(found)
+
+
+def _refuse_mixed(root: str, inputs: tuple[InputSpec, ...]) -> None:
+    """One input format per job: the shards, their reader and the recorded schema all follow from it."""
+    parquet = next((s for s in inputs if s.parquet), None)
+    jsonl = next((s for s in inputs if not s.parquet), None)
+    if parquet is not None and jsonl is not None:
+        raise UserError(
+            f"{root}: mixes JSONL and Parquet inputs (e.g. {jsonl.rel} and {parquet.rel}); a job reads one "
+            "input format (its shards, their reader and the recorded schema follow from it): convert one kind, "
+            "or move it to another folder and run it as its own job"
+        )
 
 
 def _has_entries(path: str) -> bool:
@@ -171,7 +196,8 @@ def _spec(path: str, rel: str, codec: str | None, media_base: str) -> InputSpec:
     except OSError as exc:
         raise _unreadable(path, exc) from exc
     if seen.size == 0:
-        raise UserError(f"{path}: empty file; add rows (one JSON object per line) or remove it")
+        what = "a Parquet file's rows" if codec == PARQUET else "rows (one JSON object per line)"
+        raise UserError(f"{path}: empty file; add {what} or remove it")
     return InputSpec(rel=rel, path=path, codec=codec, media_base=media_base, seen=seen)
 
 

@@ -23,7 +23,7 @@ from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.manifest import Manifest
 from data_juicer_elastic.parquet_out import arrow_schema, arrow_type
 
-__all__ = ["ShardFacts", "arrow_schema", "arrow_type", "recorded_columns", "shard_facts"]
+__all__ = ["ShardFacts", "arrow_schema", "arrow_type", "parquet_schema", "recorded_columns", "shard_facts"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,7 @@ class _JobFacts:
     stat: tuple[int, int, int]
     manifest: Manifest
     parse_options: Any
+    parquet_schema: Any = None  # a Parquet input's unified Arrow schema (its shards are row group descriptors)
 
 
 _cache: dict[str, _JobFacts] = {}
@@ -76,8 +77,12 @@ def _job_facts(root: str, log: Any) -> _JobFacts | None:
         if known is not None and known.stat == stat:
             return known
         m = JobDir(root)._raw_manifest()
-        options = None
-        if m.columns is not None:
+        options = schema = None
+        if m.parquet is not None:
+            from data_juicer_elastic.prepare.parquet import schema_of
+
+            schema = schema_of(m.parquet)
+        elif m.columns is not None:
             import pyarrow.json as pj
 
             options = pj.ParseOptions(explicit_schema=arrow_schema(m.columns))
@@ -87,11 +92,24 @@ def _job_facts(root: str, log: Any) -> _JobFacts | None:
                 "recorded no input schema: each shard's schema is inferred from the shard alone, so a value "
                 "may depend on the shard it fell in; prepare a new job dir to read every shard alike"
             )
-        _cache[root] = facts = _JobFacts(stat, m, options)
+        _cache[root] = facts = _JobFacts(stat, m, options, schema)
         return facts
 
 
-def recorded_columns(job_dir: str) -> list | None:
-    """The input's columns as prepare recorded them (manifest ``columns``); None where not recorded."""
+def recorded_columns(job_dir: str) -> Any:
+    """The input's columns as prepare recorded them (manifest ``columns``; a Parquet input's Arrow schema).
+
+    None where not recorded."""
     job = _job_facts(os.path.abspath(job_dir), None)
-    return job.manifest.columns if job is not None else None
+    if job is None:
+        return None
+    return job.parquet_schema if job.parquet_schema is not None else job.manifest.columns
+
+
+def parquet_schema(shard_path: str) -> Any:
+    """The unified Arrow schema when the shard at ``<job>/shards/<id>.jsonl`` describes Parquet row groups."""
+    path = Path(shard_path)
+    if path.parent.name != "shards":
+        return None
+    job = _job_facts(str(path.parent.parent), None)
+    return job.parquet_schema if job is not None else None

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from data_juicer_elastic.errors import IntegrityError
-from data_juicer_elastic.ray_runner.arrow_schema import shard_facts
+from data_juicer_elastic.ray_runner.arrow_schema import parquet_schema, shard_facts
 from data_juicer_elastic.ray_runner.shard_errors import read_options_for
 from data_juicer_elastic.storage.blocks import Digester, blocks
 
@@ -56,6 +56,14 @@ def read_shard(cfg: Any) -> Any:
     from data_juicer.core.data.ray_dataset import RayDataset
     from loguru import logger
 
+    schema = parquet_schema(cfg.dataset_path)
+    if schema is not None:  # a Parquet input: the shard names row groups, read in place (prepare.parquet)
+        import ray
+
+        from data_juicer_elastic.prepare.parquet import read_descriptor
+
+        tables = [t for t in read_descriptor(cfg.dataset_path, schema) if t.num_rows] or [schema.empty_table()]
+        return ray.data.from_arrow(tables).materialize()
     read_kwargs: dict[str, Any] = {"override_num_blocks": getattr(cfg, "override_num_blocks", None)}
     options = read_options_for(cfg.dataset_path, getattr(cfg, "read_options", None))
     if options:
