@@ -17,8 +17,6 @@ there): in the job dir, done records among them, and in all (imports too). It ex
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import hashlib
 import os
 import re
 import shutil
@@ -31,16 +29,15 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from data_juicer_elastic.job.claims import lease_name  # noqa: E402
-from data_juicer_elastic.job.layout import JobDir, generation_id, shard_id  # noqa: E402
-from data_juicer_elastic.job.manifest import InputFile, Manifest, Policy, ShardSource, ShardSpec  # noqa: E402
+from data_juicer_elastic.job.layout import JobDir  # noqa: E402
 from data_juicer_elastic.job.records.attempt import AttemptRecord, write_attempt  # noqa: E402
 from data_juicer_elastic.job.records.done import DoneRecord, expected_output  # noqa: E402
 from data_juicer_elastic.job.records.workers import WorkerRecord, write_worker  # noqa: E402
 from data_juicer_elastic.storage.files import dumps_json  # noqa: E402
 from tests.benchmarks.bench_views import timed  # noqa: E402
+from tests.benchmarks.synthetic import ROW, ROW_SHA, synthetic_job  # noqa: E402
 
 HOSTS = [f"node-{i:02d}" for i in range(16)]
-RECIPE = b"process:\n  - text_length_filter: {min_len: 1}\n"
 SPAN = 3600.0  # the synthetic job ran for an hour
 
 
@@ -50,50 +47,7 @@ def build_job(root: Path, n: int, running: int = 8) -> JobDir:
     if marker.exists():
         return JobDir(root)
     shutil.rmtree(root, ignore_errors=True)
-    row = b'{"text":"x"}\n'
-    sha = hashlib.sha256(row).hexdigest()
-    shards = tuple(
-        ShardSpec(
-            shard_id(i, n),
-            f"shards/{shard_id(i, n)}.jsonl",
-            1,
-            len(row),
-            sha,
-            i,
-            (ShardSource("data.jsonl", i * 13, i * 13 + 13, i + 1, sha),),
-        )
-        for i in range(n)
-    )
-    recipe_sha = hashlib.sha256(RECIPE).hexdigest()
-    policy = Policy(num_shards=n, lock_timeout_secs=600.0)
-    manifest = Manifest(
-        dataset_path="/data/in.jsonl",
-        input_kind="file",
-        files=(InputFile("data.jsonl", n * 13, 0, n),),
-        recipe_sha256=recipe_sha,
-        versions={"data_juicer": "1.6.1", "data_juicer_elastic": "0.1.0"},
-        policy=policy,
-        media_keys=(),
-        index_keys=(),
-        shards=shards,
-        total_rows=n,
-        total_bytes=n * 13,
-        created_at=time.time(),
-    ).seal()
-    root.mkdir(parents=True)
-    (root / "shards").mkdir()
-    (root / "manifest.json").write_bytes(dumps_json(manifest.to_dict()))
-    gen = generation_id(recipe_sha)
-    gdir = root / "generations" / gen
-    for sub in ("attempts", "finalize", *(f"state/{s}" for s in JobDir.STATE_SUBDIRS)):
-        (gdir / sub).mkdir(parents=True)
-    (gdir / "recipe.yaml").write_bytes(RECIPE)
-    (gdir / "policy.json").write_bytes(dumps_json(dataclasses.asdict(policy)))
-    (gdir / "generation.json").write_bytes(
-        dumps_json({"generation": gen, "recipe_sha256": recipe_sha, "created_at": 0})
-    )
-    (root / "current.json").write_bytes(dumps_json({"generation": gen, "at": 0}))
-    job = JobDir(root)
+    job, shards = synthetic_job(root, n)
     now = time.time()
     t0 = now - SPAN
     step = SPAN / max(n / len(HOSTS), 1)
@@ -114,17 +68,17 @@ def build_job(root: Path, n: int, running: int = 8) -> JobDir:
         end = start + step * 0.95
         os.utime(lease, (end, end))
         done = DoneRecord(
-            spec.id, 1, h, 1, len(row), sha, expected_output(job, spec.id, 1), w.pid, start, end, worker=w.worker
+            spec.id, 1, h, 1, len(ROW), ROW_SHA, expected_output(job, spec.id, 1), w.pid, start, end, worker=w.worker
         )
         (job.done_dir / f"{spec.id}.json").write_bytes(dumps_json(done.to_dict()))
         w.published += 1
         w.input_rows += 1
         w.output_rows += 1
-        w.bytes_in += len(row)
+        w.bytes_in += len(ROW)
         w.secs += end - start
         w.first_start = start if w.first_start is None else min(w.first_start, start)
         w.last_finish = end if w.last_finish is None else max(w.last_finish, end)
-        w.rates = [*w.rates[-15:], len(row) / (end - start)]
+        w.rates = [*w.rates[-15:], len(ROW) / (end - start)]
     for w in workers.values():
         write_worker(job.workers_dir, w)
     marker.touch()

@@ -19,8 +19,6 @@ or the report is larger than --report-mb.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import hashlib
 import os
 import random
 import re
@@ -34,14 +32,13 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from data_juicer_elastic.job.claims import RELEASED_MTIME, lease_name  # noqa: E402
-from data_juicer_elastic.job.layout import JobDir, generation_id, shard_id  # noqa: E402
-from data_juicer_elastic.job.manifest import InputFile, Manifest, Policy, ShardSource, ShardSpec  # noqa: E402
+from data_juicer_elastic.job.layout import JobDir  # noqa: E402
 from data_juicer_elastic.job.records.attempt import AttemptRecord, write_attempt  # noqa: E402
 from data_juicer_elastic.job.records.done import DoneRecord, expected_output  # noqa: E402
 from data_juicer_elastic.storage.files import dumps_json  # noqa: E402
+from tests.benchmarks.synthetic import ROW, ROW_SHA, synthetic_job  # noqa: E402
 
 HOSTS = [f"node-{i:02d}" for i in range(16)]
-RECIPE = b"process:\n  - text_length_filter: {min_len: 1}\n"
 SPAN = 3600.0  # the synthetic job ran for an hour
 
 
@@ -52,50 +49,7 @@ def build_job(root: Path, n: int, running: int = 8, seed: int = 0) -> JobDir:
         return JobDir(root)
     shutil.rmtree(root, ignore_errors=True)
     rnd = random.Random(seed)
-    row = b'{"text":"x"}\n'
-    sha = hashlib.sha256(row).hexdigest()
-    shards = tuple(
-        ShardSpec(
-            shard_id(i, n),
-            f"shards/{shard_id(i, n)}.jsonl",
-            1,
-            len(row),
-            sha,
-            i,
-            (ShardSource("data.jsonl", i * 13, i * 13 + 13, i + 1, sha),),
-        )
-        for i in range(n)
-    )
-    recipe_sha = hashlib.sha256(RECIPE).hexdigest()
-    policy = Policy(num_shards=n, lock_timeout_secs=600.0)
-    manifest = Manifest(
-        dataset_path="/data/in.jsonl",
-        input_kind="file",
-        files=(InputFile("data.jsonl", n * 13, 0, n),),
-        recipe_sha256=recipe_sha,
-        versions={"data_juicer": "1.6.1", "data_juicer_elastic": "0.1.0"},
-        policy=policy,
-        media_keys=(),
-        index_keys=(),
-        shards=shards,
-        total_rows=n,
-        total_bytes=n * 13,
-        created_at=time.time(),
-    ).seal()
-    root.mkdir(parents=True)
-    (root / "shards").mkdir()
-    (root / "manifest.json").write_bytes(dumps_json(manifest.to_dict()))
-    gen = generation_id(recipe_sha)
-    gdir = root / "generations" / gen
-    for sub in ("attempts", "finalize", *(f"state/{s}" for s in JobDir.STATE_SUBDIRS)):
-        (gdir / sub).mkdir(parents=True)
-    (gdir / "recipe.yaml").write_bytes(RECIPE)
-    (gdir / "policy.json").write_bytes(dumps_json(dataclasses.asdict(policy)))
-    (gdir / "generation.json").write_bytes(
-        dumps_json({"generation": gen, "recipe_sha256": recipe_sha, "created_at": 0})
-    )
-    (root / "current.json").write_bytes(dumps_json({"generation": gen, "at": 0}))
-    job = JobDir(root)
+    job, shards = synthetic_job(root, n)
     now = time.time()
     t0 = now - SPAN
     per_host = n / len(HOSTS)
@@ -124,7 +78,7 @@ def build_job(root: Path, n: int, running: int = 8, seed: int = 0) -> JobDir:
             os.utime(lease, (stamp, stamp))
             if outcome == "done":
                 done = DoneRecord(
-                    spec.id, k, h, 1, len(row), sha, expected_output(job, spec.id, k), rec.pid, a_start, a_end
+                    spec.id, k, h, 1, len(ROW), ROW_SHA, expected_output(job, spec.id, k), rec.pid, a_start, a_end
                 )
                 (job.done_dir / f"{spec.id}.json").write_bytes(dumps_json(done.to_dict()))
     marker.touch()
