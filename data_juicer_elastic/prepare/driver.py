@@ -339,22 +339,7 @@ class _Build:
         files = tuple(
             InputFile(s.rel, s.seen.size, s.seen.mtime_ns, rows) for s, rows in zip(self.inputs, file_rows, strict=True)
         )
-        req = self.req
-        return Manifest(
-            dataset_path=self.dataset.root,
-            input_kind=self.dataset.kind,
-            files=files,
-            recipe_sha256=self.recipe_sha,
-            versions=dict(req.versions),
-            policy=req.policy,
-            media_keys=tuple(req.media_keys),
-            index_keys=tuple(req.index_keys),
-            shards=tuple(shards),
-            total_rows=row,
-            total_bytes=sum(s.bytes for s in shards),
-            created_at=time.time(),
-            columns=columns,
-        ).seal()
+        return self.req.manifest(self.dataset.root, self.dataset.kind, self.recipe_sha, files, shards, columns=columns)
 
     def _write_layout(self, manifest: Manifest) -> None:
         shutil.rmtree(self.staging / ".inputs")

@@ -26,7 +26,6 @@ import hashlib
 import itertools
 import os
 import struct
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -283,22 +282,9 @@ def build(req: PrepareRequest, dataset: Dataset, staging: Path, recipe_sha: str)
     files = tuple(
         InputFile(s.rel, s.seen.size, s.seen.mtime_ns, rows) for s, rows in zip(specs, file_rows, strict=True)
     )
-    manifest = Manifest(
-        dataset_path=dataset.root,
-        input_kind=dataset.kind,
-        files=files,
-        recipe_sha256=recipe_sha,
-        versions=dict(req.versions),
-        policy=req.policy,
-        media_keys=tuple(req.media_keys),
-        index_keys=tuple(req.index_keys),
-        shards=tuple(shards),
-        total_rows=row,
-        total_bytes=sum(s.bytes for s in shards),
-        created_at=time.time(),
-        columns=None,
-        parquet=schema_record(schema),
-    ).seal()
+    manifest = req.manifest(
+        dataset.root, dataset.kind, recipe_sha, files, shards, columns=None, parquet=schema_record(schema)
+    )
     atomic_write(staging / "manifest.json", dumps_json(manifest.to_dict()))
     return Built(manifest, sum(s.seen.size for s in specs))
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
+from typing import Any
 
-from data_juicer_elastic.job.manifest import Policy
+from data_juicer_elastic.job.manifest import InputFile, Manifest, Policy, ShardSpec
 
 
 @dataclass(frozen=True)
@@ -16,3 +18,29 @@ class PrepareRequest:
     media_keys: tuple[str, ...] = ("images", "audios", "videos")
     index_keys: tuple[str, ...] = ()
     versions: dict[str, str] = field(default_factory=dict)
+
+    def manifest(
+        self,
+        dataset_root: str,
+        input_kind: str,
+        recipe_sha: str,
+        files: tuple[InputFile, ...],
+        shards: list[ShardSpec],
+        **schema: Any,
+    ) -> Manifest:
+        """The sealed manifest of what this request prepared (``schema``: ``columns`` or ``parquet``)."""
+        return Manifest(
+            dataset_path=dataset_root,
+            input_kind=input_kind,
+            files=files,
+            recipe_sha256=recipe_sha,
+            versions=dict(self.versions),
+            policy=self.policy,
+            media_keys=tuple(self.media_keys),
+            index_keys=tuple(self.index_keys),
+            shards=tuple(shards),
+            total_rows=sum(s.rows for s in shards),
+            total_bytes=sum(s.bytes for s in shards),
+            created_at=time.time(),
+            **schema,
+        ).seal()
