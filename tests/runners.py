@@ -222,3 +222,25 @@ def project(shard_path: str, output_path: str, job_dir: str) -> None:
     with open(shard_path, "rb") as src, open(output_path, "wb") as out:
         for line in src:
             out.write(line.rstrip(b"\n")[:-1] + b', "project": "' + name.encode() + b'"}\n')
+
+
+def parquet_rows(shard_path: str, output_path: str, job_dir: str) -> None:
+    """Identity for a Parquet job: the descriptor's row groups, read as the Ray runner reads them
+    (``prepare.parquet.read_descriptor`` with the manifest's schema), written as JSONL.
+
+    Leaves ``started`` and holds (see ``_hold``) for shards in DJE_TEST_SLOW_SHARDS when that is set.
+    """
+    import orjson
+
+    from data_juicer_elastic.job.layout import JobDir
+    from data_juicer_elastic.prepare.parquet import read_descriptor, schema_of
+
+    slow = os.environ.get("DJE_TEST_SLOW_SHARDS")
+    if slow and _shard_name(shard_path) in slow.split(","):
+        Path(output_path).parent.joinpath("started").touch()
+        _hold()
+    schema = schema_of(JobDir(job_dir).manifest().parquet)  # job_dir: the generation's folder
+    with open(output_path, "wb") as out:
+        for table in read_descriptor(shard_path, schema):
+            for row in table.to_pylist():
+                out.write(orjson.dumps(row) + b"\n")
