@@ -1,6 +1,7 @@
 """B1: end-to-end wall time of ``dj-process`` with elastic_shard against plain executor_type ray.
 
     python tests/benchmarks/bench_end_to_end.py [--rounds 3] [--rows 200000] [--shards 16] [--dir DIR] [--keep]
+        [--parquet]
 
 Generates deterministic JSONL (``{"text": ...}`` rows of short English-ish
 text) and two recipes with the same process list
@@ -18,6 +19,13 @@ tests/reference.py's rules). Prints per-round times, medians, the ratio
 elastic/ray (target <= 1.15) and a markdown table row, and exits 1 when the
 target is missed. Child CPU seconds are printed too: on a shared machine wall
 times depend on what else runs.
+
+With ``--parquet`` the same rows are written as a folder of Parquet files
+(``PARQUET_FILES`` files of several row groups each, at least two per shard) and
+both recipes read that folder: elastic_shard's shards are runs of its row groups
+(read in place), Ray's loader reads it with ``ray.data.read_parquet`` (Data-Juicer's
+RayLocalJsonDataLoadStrategy picks the reader from the folder's first file's
+suffix). The exports stay JSONL and are compared as above.
 
 Not collected by pytest (file name does not match test_*.py).
 """
@@ -46,19 +54,44 @@ DJ_PROCESS = str(Path(sys.executable).parent / "dj-process")
 PROCESS = [{"whitespace_normalization_mapper": None}, {"text_length_filter": {"min_len": 10, "max_len": 10000}}]
 
 
+PARQUET_FILES = 2
+
+
 def generate(path: Path, rows: int) -> None:
+    with open(path, "w") as f:
+        for row in generate_rows(rows):
+            f.write(json.dumps(row) + "\n")
+
+
+def generate_parquet(folder: Path, rows: int, shards: int) -> None:
+    """The rows of ``generate`` as ``PARQUET_FILES`` Parquet files in ``folder``, in id order by file name, with
+    row groups small enough that every shard gets at least two."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True, exist_ok=True)
+    all_rows = list(generate_rows(rows))
+    group = max(1, rows // (2 * max(shards, PARQUET_FILES)))
+    per_file = -(-rows // PARQUET_FILES)
+    for k in range(PARQUET_FILES):
+        chunk = all_rows[k * per_file : (k + 1) * per_file]
+        if chunk:
+            table = pa.Table.from_pylist(chunk, schema=pa.schema([("id", pa.int64()), ("text", pa.string())]))
+            pq.write_table(table, folder / f"part-{k:05d}.parquet", row_group_size=group)
+
+
+def generate_rows(rows: int):
     rnd = random.Random(0)
     words = [
         "".join(rnd.choice("etaoinshrdlucmfwypvbgkjqxz"[: rnd.randint(8, 26)]) for _ in range(rnd.randint(1, 9)))
         for _ in range(3000)
     ]
-    with open(path, "w") as f:
-        for i in range(rows):
-            n = rnd.randint(1, 40)  # some rows fall under min_len 10 and are filtered
-            sentence = " ".join(rnd.choice(words) for _ in range(n))
-            if i % 7 == 0:
-                sentence = "  " + sentence.replace(" ", "\u00a0 ", 3) + " \t"  # something for whitespace normalization
-            f.write(json.dumps({"id": i, "text": sentence.capitalize() + "."}) + "\n")
+    for i in range(rows):
+        n = rnd.randint(1, 40)  # some rows fall under min_len 10 and are filtered
+        sentence = " ".join(rnd.choice(words) for _ in range(n))
+        if i % 7 == 0:
+            sentence = "  " + sentence.replace(" ", "\u00a0 ", 3) + " \t"  # something for whitespace normalization
+        yield {"id": i, "text": sentence.capitalize() + "."}
 
 
 def count_rows(path: Path) -> int:
@@ -105,19 +138,21 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None, help="work directory (default: a fresh temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (job dirs, outputs, logs)")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per dj-process run")
+    ap.add_argument("--parquet", action="store_true", help="both recipes read the rows as a folder of Parquet files")
     args = ap.parse_args()
     if args.rounds < 1:
         ap.error("--rounds must be >= 1")
 
     work = args.dir or Path(tempfile.mkdtemp(prefix="dje-b1-"))
     work.mkdir(parents=True, exist_ok=True)
-    data = work / "data.jsonl"
+    data = work / ("parquet" if args.parquet else "data.jsonl")
     t0 = time.perf_counter()
-    generate(data, args.rows)
-    print(
-        f"generated {args.rows} rows ({data.stat().st_size / 1e6:.1f} MB) in {time.perf_counter() - t0:.1f}s at {data}",
-        flush=True,
-    )
+    if args.parquet:
+        generate_parquet(data, args.rows, args.shards)
+    else:
+        generate(data, args.rows)
+    size = sum(p.stat().st_size for p in data.iterdir()) if data.is_dir() else data.stat().st_size
+    print(f"generated {args.rows} rows ({size / 1e6:.1f} MB) in {time.perf_counter() - t0:.1f}s at {data}", flush=True)
 
     base = {"dataset_path": str(data), "np": args.np, "process": PROCESS}
     times: dict[str, list[float]] = {"elastic": [], "ray": []}
@@ -183,7 +218,7 @@ def main() -> None:
     print(f"median wall: elastic {me:.1f}s  ray {mr:.1f}s  ratio elastic/ray {ratio:.3f} (target <= {TARGET})")
     print(f"median child cpu: elastic {ce:.1f}s  ray {cr:.1f}s  ratio {ce / cr:.3f}")
     print(
-        f"| B1 | {args.rows} rows, {args.shards} shards, np {args.np}, {args.rounds} rounds | "
+        f"| B1{' Parquet' if args.parquet else ''} | {args.rows} rows, {args.shards} shards, np {args.np}, {args.rounds} rounds | "
         f"elastic {me:.1f}s / ray {mr:.1f}s | {ratio:.2f} | <= {TARGET} |"
     )
     if ratio > TARGET:
