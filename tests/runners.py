@@ -228,17 +228,27 @@ def parquet_rows(shard_path: str, output_path: str, job_dir: str) -> None:
     """Identity for a Parquet job: the descriptor's row groups, read as the Ray runner reads them
     (``prepare.parquet.read_descriptor`` with the manifest's schema), written as JSONL.
 
-    Leaves ``started`` and holds (see ``_hold``) for shards in DJE_TEST_SLOW_SHARDS when that is set.
+    Leaves ``started`` and holds for shards in DJE_TEST_SLOW_SHARDS and on hosts (DJ_ELASTIC_HOSTNAME) in
+    DJE_TEST_SLOW_HOSTS: until the shard's done record exists with DJE_TEST_UNTIL_DONE=1 (a straggler a
+    backup beats), else as ``_hold`` does.
     """
     import orjson
 
     from data_juicer_elastic.job.layout import JobDir
     from data_juicer_elastic.prepare.parquet import read_descriptor, schema_of
 
-    slow = os.environ.get("DJE_TEST_SLOW_SHARDS")
-    if slow and _shard_name(shard_path) in slow.split(","):
+    sid = _shard_name(shard_path)
+    slow_shard = sid in os.environ.get("DJE_TEST_SLOW_SHARDS", "").split(",")
+    slow_hosts = os.environ.get("DJE_TEST_SLOW_HOSTS")
+    slow_host = bool(slow_hosts) and os.environ.get("DJ_ELASTIC_HOSTNAME") in slow_hosts.split(",")
+    if slow_shard or slow_host:
         Path(output_path).parent.joinpath("started").touch()
-        _hold()
+        if os.environ.get("DJE_TEST_UNTIL_DONE") == "1":
+            done, deadline = JobDir(job_dir).done_path(sid), time.monotonic() + 600
+            while not done.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        else:
+            _hold()
     schema = schema_of(JobDir(job_dir).manifest().parquet)  # job_dir: the generation's folder
     with open(output_path, "wb") as out:
         for table in read_descriptor(shard_path, schema):

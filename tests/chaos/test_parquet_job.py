@@ -1,6 +1,7 @@
 """A job prepared from Parquet input goes through the protocol unchanged (issue 34): a worker killed mid-shard
 is taken over by another host after its lease times out, a retried done shard is redone alone, status and the
-report count its shards, and a second generation over the same shards runs and merges.
+report count its shards, a second generation over the same shards runs and merges, and a backup on a fast host
+wins over a straggler.
 
 The shards are descriptors (row group runs of the input files); ``tests.runners:parquet_rows`` reads them as
 the Ray runner does and writes the rows as JSONL, so a merge must give back the input's rows in order.
@@ -36,6 +37,7 @@ from ..jobs import (
     kill_group,
     last_heartbeat,
     spawn_worker,
+    started_shard,
     wait_for,
 )
 
@@ -211,3 +213,46 @@ def test_a_second_generation_runs_over_the_same_shards_and_merges(tmp_path):
         assert output.startswith(f"generations/{second.generation}/attempts/"), output
     assert merged_rows(second, tmp_path / "b.jsonl") == expected
     assert job_status(JobDir(job.root, first.generation)).complete
+
+
+def test_a_backup_on_a_fast_host_wins_over_a_straggler(tmp_path):
+    job, expected = make_parquet_job(tmp_path)
+    eager = ("--speculation-min-secs", "0.5", "--speculation-quantile", "0.5", "--speculation-multiplier", "3")
+    common = {"DJE_TEST_SLOW_HOSTS": "slow", "DJE_TEST_UNTIL_DONE": "1"}
+    slow = spawn_worker(
+        job,
+        "parquet_rows",
+        *eager,
+        "--prefetch-shards",
+        "0",
+        log=tmp_path / "slow.log",
+        DJ_ELASTIC_HOSTNAME="slow",
+        **common,
+    )
+    fast = None
+    try:
+        sid = started_shard(job)  # the slow host holds this shard until someone else finishes it
+        fast = spawn_worker(
+            job,
+            "parquet_rows",
+            *eager,
+            "--prefetch-shards",
+            "0",
+            log=tmp_path / "fast.log",
+            DJ_ELASTIC_HOSTNAME="fast",
+            **common,
+        )
+        assert fast.wait(timeout=120) == 0, (tmp_path / "fast.log").read_text()[-4000:]
+        assert slow.wait(timeout=60) == 0, (tmp_path / "slow.log").read_text()[-4000:]
+    finally:
+        for p in (slow, fast):
+            if p is not None:
+                kill_group(p)
+    outcomes = attempt_outcomes(job)
+    assert outcomes[sid] == ["lost-race", "done"]
+    assert all(o == ["done"] for s, o in outcomes.items() if s != sid), outcomes
+    record = orjson.loads(job.done_path(sid).read_bytes())
+    assert (record["attempt"], record["host"], record["backup"]) == (2, "fast", True)
+    assert check_done_exactly_once(job)[sid] == 2
+    assert merged_rows(job, tmp_path / "out.jsonl") == expected  # the loser's output is not merged
+    assert {s.id: s for s in job_status(job).shards}[sid].backup == {"won": 2}
