@@ -45,7 +45,9 @@ import yaml
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench_end_to_end import DJ_PROCESS, OFFLINE, PROCESS, count_rows, generate  # noqa: E402
+from bench_end_to_end import DJ_PROCESS, PROCESS, count_rows, generate  # noqa: E402
+
+from tests.reference import OFFLINE  # noqa: E402  (bench_end_to_end put the repository root on sys.path)
 
 OPS = HERE.parent / "ops" / "slow_model_ops.py"
 B7_TARGET, B8_TARGET = 1.10, 0.05
