@@ -144,6 +144,7 @@ def test_auto_num_shards_gives_each_node_several_shards(tmp_path, monkeypatch, s
     from data_juicer_elastic.plugin import executor
 
     monkeypatch.setattr(executor, "input_bytes", lambda *_: size)
+    monkeypatch.setattr(executor, "parquet_row_groups", lambda *_: None)  # a JSONL input of that size
     lines: list[str] = []
     sink = logger.add(lambda m: lines.append(str(m)), level="INFO", format="{message}")
     try:

@@ -145,7 +145,11 @@ def test_workers_on_two_mounts_race_each_shard_done_once(sshfs_pair, tmp_path):
 def test_kill9_on_one_mount_is_taken_over_from_the_other(sshfs_pair, tmp_path):
     job_a, job_b = _job(sshfs_pair, tmp_path, rows=40, shards=4)
     target = "part-00002-of-00004"
-    victim = spawn_worker(job_a, "slow_copy", DJE_TEST_SLEEP="60", DJE_TEST_SLOW_SHARDS=target)
+    # the two mounts stand for two nodes: two host names (a node of the victim's own host takes a dead
+    # process's lease over at once, tests/test_restart.py)
+    victim = spawn_worker(
+        job_a, "slow_copy", DJE_TEST_SLEEP="60", DJE_TEST_SLOW_SHARDS=target, DJ_ELASTIC_HOSTNAME="node-a"
+    )
     try:
         wait_for((job_a.attempts_dir / target / "0001" / "started").exists, timeout=60)
     finally:
@@ -153,7 +157,7 @@ def test_kill9_on_one_mount_is_taken_over_from_the_other(sshfs_pair, tmp_path):
     victim.wait(timeout=120)
     time.sleep(CACHE_SECS)  # node a's attribute cache may still hold an older mtime
     last_beat = last_heartbeat(job_a, target, 1)
-    rescuer = spawn_worker(job_b, "copy")
+    rescuer = spawn_worker(job_b, "copy", DJ_ELASTIC_HOSTNAME="node-b")
     assert rescuer.wait(timeout=60) == 0
     # node b judges the lease by what its cache shows, up to CACHE_SECS old, on 1 s mtimes (sftp)
     delay = takeover_delay(job_b, target, 1, last_beat)
