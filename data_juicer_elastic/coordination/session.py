@@ -122,12 +122,18 @@ class _Session:
             outcome = self.check_same_request(outcome, ended)
         elif ended is not None:
             self.note_replay(ended)
-        if outcome.exit_code == EXIT_OK:
-            job = JobDir(self.spec.job_dir, outcome.generation, shared_link_check=True)
-            run.register(rank)
-            outcome = AfterPrepare(self.spec, self.host, self.log, job, run).work_and_finalize()
-        self.log(("PASS: " if outcome.exit_code == EXIT_OK else "FAIL: ") + outcome.message)
-        return outcome.exit_code
+        after = None
+        try:
+            if outcome.exit_code == EXIT_OK:
+                job = JobDir(self.spec.job_dir, outcome.generation, shared_link_check=True)
+                run.register(rank)
+                after = AfterPrepare(self.spec, self.host, self.log, job, run)
+                outcome = after.work_and_finalize()
+            self.log(("PASS: " if outcome.exit_code == EXIT_OK else "FAIL: ") + outcome.message)
+            return outcome.exit_code
+        finally:
+            if after is not None:  # after the verdict line: stopping Ray takes a second or two
+                after.close_kept_runner()
 
     def check_same_request(self, prepared: Outcome, ended: Outcome | None = None) -> Outcome:
         """Refuse to work on what the prepare coordinator prepared when this process was asked for something else.

@@ -46,16 +46,19 @@ class AfterPrepare:
     log: Log
     job: JobDir
     run: RunDir  # <job_dir>/runs/<run-key>; self.job is the generation this process works on
-    # The runner of a claim loop that ended the job: closed after finalize, so stopping Ray (a second or
-    # two) never sits between the job's last shard and its merge.
+    # The runner of a claim loop that ended the job: closed after finalize and the verdict line
+    # (``close_kept_runner``), so stopping Ray (a second or two) never sits between the job's last shard
+    # and its merge.
     runner_kept: object | None = None
 
     def work_and_finalize(self) -> Outcome:
-        try:
-            return self.work_phase() or self.finalize_phase()
-        finally:
-            if self.runner_kept is not None:
-                close_runner(self.runner_kept)
+        return self.work_phase() or self.finalize_phase()
+
+    def close_kept_runner(self) -> None:
+        """Close the runner a claim loop that ended the job kept open through finalize."""
+        runner, self.runner_kept = self.runner_kept, None
+        if runner is not None:
+            close_runner(runner)
 
     # work ---------------------------------------------------------------------------------------
     def work_phase(self) -> Outcome | None:
