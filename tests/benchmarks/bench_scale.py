@@ -348,9 +348,17 @@ def _done_count(job) -> int:
         return sum(1 for e in it if e.name.endswith(".json"))
 
 
-def bench_b12(tmp: Path, shards: int, workers: int, timeout: float, label: str = "B12", job_dir: Path | None = None):
+def bench_b12(
+    tmp: Path,
+    shards: int,
+    workers: int,
+    timeout: float,
+    label: str = "B12",
+    job_dir: Path | None = None,
+    kills: tuple[float, ...] = (0.0, 0.1),
+):
     ok = True
-    for kill in (0.0, 0.1):
+    for kill in kills:
         name = f"{label.lower()}-{'kill' if kill else 'clean'}"
         job = make_job(tmp / name, rows=shards, shards=shards, job_dir=(job_dir / name) if job_dir else None, **FAST)
         wall, codes = run_b12(job, workers, kill, tmp / name, timeout)
@@ -392,6 +400,12 @@ def main() -> int:
     ap.add_argument("--b12s-shards", type=int, default=2000)
     ap.add_argument("--b12s-workers", type=int, default=16)
     ap.add_argument("--timeout", type=float, default=3600)
+    ap.add_argument(
+        "--b12-kills",
+        type=lambda v: tuple(float(x) for x in v.split(",")),
+        default=(0.0, 0.1),
+        help="B12's runs: the fraction of workers killed -9 and restarted in each (default 0,0.1)",
+    )
     ap.add_argument("--skip", default="", help="comma-separated: b10,b11,b12,b12s")
     a = ap.parse_args()
     if not shutil.which("strace"):
@@ -408,7 +422,7 @@ def main() -> int:
         if "b11" not in skip:
             ok &= bench_b11(tmp, [int(x) for x in a.b11_shards.split(",")])
         if "b12" not in skip:
-            ok &= bench_b12(tmp, a.b12_shards, a.b12_workers, a.timeout)
+            ok &= bench_b12(tmp, a.b12_shards, a.b12_workers, a.timeout, kills=a.b12_kills)
         if "b12s" not in skip:
             ok &= bench_b12s(tmp, a.b12s_shards, a.b12s_workers, a.timeout) is not False
     print("PASS" if ok else "MISS", flush=True)
