@@ -55,13 +55,23 @@ def write_hint(job: JobDir, lane: int, index: int) -> None:
         pass
 
 
-def fresh_left(job: JobDir, store: ClaimStore, order: list[str]) -> int:
-    """Shards not yet claimed from the lanes: each lane from its hint, checked by probing the shard it names.
+def fresh_left(job: JobDir, count: int) -> int:
+    """Shards not yet claimed from the lanes, as the hints say (an upper bound: hints lag)."""
+    left = 0
+    for k, (lo, hi) in enumerate(lane_bounds(count)):
+        hint = read_hint(job, k)
+        left += hi - max(lo, min(hint if hint is not None else lo, hi))
+    return left
+
+
+def probed_fresh_left(job: JobDir, store: ClaimStore, order: list[str]) -> int:
+    """``fresh_left`` with each lane's hint checked by probing the shard it names.
 
     A hint can lag, or go back (a paused worker writing an old position after another wrote the lane's
     end): the shard it names was claimed already. Then the lane is walked on to its first unclaimed shard
     (one ``stat`` a shard, each paid once: the corrected hint is written back), so a stale hint never keeps
-    the count of fresh shards above zero for good.
+    the count of fresh shards above zero for good. The sweep asks for it only where the hints are all that
+    stands between a quiet job and its listing fallback.
     """
     left = 0
     for k, (lo, hi) in enumerate(lane_bounds(len(order))):

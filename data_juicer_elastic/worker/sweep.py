@@ -50,7 +50,7 @@ from data_juicer_elastic.job.records._read import int_or, number_or_none
 from data_juicer_elastic.job.records.attempt import load_attempt
 from data_juicer_elastic.job.records.workers import read_small, read_workers, replace_small
 from data_juicer_elastic.storage.files import create_exclusive
-from data_juicer_elastic.worker.lanes import fresh_left
+from data_juicer_elastic.worker.lanes import fresh_left, probed_fresh_left
 
 Held = tuple[str, int]
 
@@ -89,6 +89,7 @@ class Snapshot:
     workers: int = 0
     swept: int = 0  # done shards the worker records account for (``done`` less ``legacy_done``)
     unreadable: int = 0  # worker records listed but not read this sweep (the fallback waits for them)
+    confirmed: str = ""  # the retry folder's stamp when a listing of state/done confirmed it complete
     exact: bool = False  # counted from a listing of state/done (the fallback)
     legacy_done: int = 0  # done records no worker record counts (a job dir run before worker records)
     fallback_at: float = 0.0  # the shared clock when the listing fallback last ran
@@ -122,8 +123,7 @@ def build(job: JobDir, store: ClaimStore, previous: Snapshot | None = None, lean
     total = len(rows)
     now = store.now()
     records, unreadable = read_workers(job.workers_dir)
-    order = [s.id for s in manifest.shards]
-    left = previous.fresh_left if lean and previous is not None else fresh_left(job, store, order)
+    left = previous.fresh_left if lean and previous is not None else fresh_left(job, total)
     snap = Snapshot(seq=0, built_at=now, total=total, done=0, fresh_left=left)
     snap.workers = len(records)
     snap.unreadable = unreadable
@@ -166,9 +166,11 @@ def build(job: JobDir, store: ClaimStore, previous: Snapshot | None = None, lean
     snap.done = snap.swept + snap.legacy_done
     snap.failed = sorted(job.failed_ids()) if job.failed_dir.exists() else []
     snap.fallback_at = previous.fallback_at if previous else 0.0
-    if _needs_fallback(snap, store, now):
+    if _needs_fallback(snap, job, store, now):
         _fallback(job, store, snap, now)
     snap.done = min(max(snap.done, 0), total)
+    if snap.complete and previous is not None and previous.complete:
+        snap.confirmed = previous.confirmed  # still holds while no retry happened since (SnapshotCache checks)
     return snap
 
 
@@ -276,8 +278,12 @@ def _subtract_archived(snap: Snapshot, archived: list[Archived], pairs: dict[str
         snap.error_rows -= a.error_rows
 
 
-def _needs_fallback(snap: Snapshot, store: ClaimStore, now: float) -> bool:
-    quiet = not snap.live and not snap.claimable and not snap.failed and snap.fresh_left == 0
+def _needs_fallback(snap: Snapshot, job: JobDir, store: ClaimStore, now: float) -> bool:
+    if snap.complete or snap.live or snap.claimable or snap.failed:
+        return False
+    if snap.fresh_left > 0:  # only the lane hints say work is left: check them (a hint may lag or go back)
+        snap.fresh_left = probed_fresh_left(job, store, [s.id for s in job.manifest().shards])
+    quiet = snap.fresh_left == 0
     # every listed record read: a record read as missing would make its publications look unaccounted for
     whole = snap.unreadable == 0
     return not snap.complete and quiet and whole and now - snap.fallback_at >= store.lock_timeout
@@ -299,11 +305,22 @@ def _fallback(job: JobDir, store: ClaimStore, snap: Snapshot, now: float) -> Non
             snap.claimable.append((spec.id, 0))
 
 
+def retry_stamp(job: JobDir) -> str:
+    """What changes whenever ``retry`` requeues a shard: the retry folder's mtime (a new record is renamed
+    into it, an old one moved out to history)."""
+    try:
+        return str(os.stat(job.retry_dir).st_mtime_ns)
+    except FileNotFoundError:
+        return "none"
+
+
 class SnapshotCache:
     """This process's view of ``state/progress.json``: read at most once per interval, rebuilt when old.
 
-    A snapshot that says complete is confirmed once against a listing of ``state/done`` (one listing per
-    process, at the job's end) before this process acts on it; one the listing contradicts (an old
+    A snapshot that says complete is confirmed against a listing of ``state/done`` before this process acts
+    on it, once for the whole job: the process that lists writes the confirmation into the snapshot with the
+    retry folder's stamp, and the others trust it while that stamp (one ``stat``) is unchanged, since only
+    ``retry`` takes a done record away (and writes into that folder). One the listing contradicts (an old
     submission's snapshot after a retry, a count a record read wrongly) is corrected and written back.
     """
 
@@ -354,7 +371,7 @@ class SnapshotCache:
                 snap = built or build(self.job, self.store, snap)
                 self.snap, self._read_at = self._confirmed(snap), time.monotonic()
                 return self.snap
-            time.sleep(0.05)
+            time.sleep(0.2)
 
     def _read(self) -> Snapshot | None:
         data = read_small(self.job.progress_path)
@@ -369,10 +386,30 @@ class SnapshotCache:
         """``snap``, unless it says complete and the done records do not: then corrected from their listing."""
         if not snap.complete or self._complete:
             return snap
+        stamp = retry_stamp(self.job)
+        deadline = time.monotonic() + 2 * max(self.interval, 1.0)
+        while snap.confirmed != stamp:
+            # one process lists the done records for everyone; the others read its confirmation (or list
+            # for themselves once it is late: its lister died, or a newer snapshot came in between)
+            if self._won(f"confirm-{stamp}-{snap.seq}") or time.monotonic() > deadline:
+                return self._listed(snap, stamp)
+            time.sleep(0.2)
+            latest = self._read()
+            if latest is not None and latest.built_at >= snap.built_at:  # never trade ours for an older one
+                snap = latest
+            if not snap.complete:
+                return snap
+        self._complete = True  # another process listed the done records since the last retry
+        return snap
+
+    def _listed(self, snap: Snapshot, stamp: str) -> Snapshot:
+        """``snap`` checked against one listing of the done records: confirmed, or corrected from it."""
         ids = {s.id for s in self.job.manifest().shards}
         done = len(self.job.done_ids() & ids)
         if done >= snap.total:
             self._complete = True
+            snap.confirmed = stamp
+            self._write(snap)
             return snap
         snap.legacy_done = max(min(snap.legacy_done, done - snap.swept), 0)
         snap.done, snap.exact = done, True
@@ -383,17 +420,7 @@ class SnapshotCache:
         seq = (old.seq if old else 0) + 1
         waited = 0 if self._seen is None else int((now - self._seen[1]) // max(self.store.lock_timeout, 1.0))
         name = f"{seq}" if waited < 1 else f"{seq}.{waited}"  # a rebuilder that died leaves its lock behind
-        try:
-            won = create_exclusive(self.locks / name, b"")
-        except FileNotFoundError:
-            try:
-                self.locks.mkdir(parents=True, exist_ok=True)
-                won = create_exclusive(self.locks / name, b"")
-            except OSError:
-                return None
-        except OSError:  # a flaky mount: another process, or the next look, rebuilds it
-            return None
-        if not won:
+        if not self._won(name):
             return None
         snap = build(self.job, self.store, old, lean)
         snap.seq = seq
@@ -404,6 +431,19 @@ class SnapshotCache:
             except OSError:
                 pass
         return snap
+
+    def _won(self, ticket: str) -> bool:
+        """Did this process create ``progress.d/<ticket>`` (one process per ticket does)? A flaky mount: no."""
+        try:
+            return create_exclusive(self.locks / ticket, b"")
+        except FileNotFoundError:
+            try:
+                self.locks.mkdir(parents=True, exist_ok=True)
+                return create_exclusive(self.locks / ticket, b"")
+            except OSError:
+                return False
+        except OSError:  # another process, or the next look, does it
+            return False
 
     def _write(self, snap: Snapshot) -> None:
         """Put ``snap`` in place unless a newer one is there (a rebuilder paused past the next one's write);

@@ -5,16 +5,18 @@ finisher, a moment ago) still hold. It used to sleep a poll interval on the
 snapshot it had, which still listed the shards it had just published itself:
 every job ended a poll interval after its last shard. Now the wait names
 only shards that are not done and not this worker's own, and it looks at
-their done records a few at a time every ``WAKE_SECS``: once one appears, it
-asks for a snapshot built after that record and goes back to the claim loop
-at once. At most ``CHECKED_PER_WAKE`` stats per wake, so a wait costs the
-same whatever the job's size; the poll interval still bounds how long a
-wait can miss a change the stats do not see (a lease going stale).
+their done records a few at a time every ``WAKE_SECS``. Once the last of
+them is done it asks for a snapshot built from then on (one process sweeps,
+the others read its result) and goes back to the claim loop at once; a
+worker that left shards to faster ones (tail pacing) goes back at the first
+one done, to decide again. At most ``CHECKED_PER_WAKE`` stats per wake, so a
+wait costs the same whatever the job's size; the poll interval still bounds
+how long a wait can miss a change the stats do not see (a lease going
+stale).
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 
@@ -23,8 +25,8 @@ from data_juicer_elastic.job.manifest import Policy
 from data_juicer_elastic.worker.scan import ClaimChooser
 from data_juicer_elastic.worker.sweep import Busy
 
-WAKE_SECS = 0.25
-CHECKED_PER_WAKE = 8
+WAKE_SECS = 0.5
+CHECKED_PER_WAKE = 4
 
 
 class TailWait:
@@ -48,12 +50,18 @@ class TailWait:
             time.sleep(self.policy.poll_interval_secs)  # a snapshot of now, and nothing in it to watch
             return
         self._say(waited)
+        left = [b.shard for b in waited]
         deadline = time.monotonic() + self.policy.poll_interval_secs
         while time.monotonic() < deadline:
             time.sleep(min(WAKE_SECS, max(deadline - time.monotonic(), 0.0)))
-            done_at = self._first_done([b.shard for b in waited])
-            if done_at is not None:
-                self.chooser.snapshots.refresh(newer_than=done_at)
+            done = self._done_among(left)
+            if not done:
+                continue
+            if snap.claimable:  # shards it left to faster workers: a finished one may make it its turn
+                return
+            left = [s for s in left if s not in done]
+            if not left:  # the last of them: the job's end, or new work, is in a snapshot built from now on
+                self._refreshed = self.chooser.snapshots.refresh(newer_than=self.chooser.store.now()).seq
                 return
 
     def _not_done(self, live: list[Busy]) -> list[Busy]:
@@ -68,17 +76,12 @@ class TailWait:
                 freshest[b.shard] = b
         return [freshest[s] for s in sorted(freshest)]
 
-    def _first_done(self, shards: list[str]) -> float | None:
-        """The mtime of a done record among a few of ``shards`` (taking turns), if one appeared."""
+    def _done_among(self, shards: list[str]) -> set[str]:
+        """Which of a few of ``shards`` (taking turns) have a done record now."""
         n = min(len(shards), CHECKED_PER_WAKE)
         start = self._turn % len(shards)
         self._turn += n
-        for sid in (shards * 2)[start : start + n]:
-            try:
-                return os.stat(self.job.done_path(sid)).st_mtime
-            except FileNotFoundError:
-                continue
-        return None
+        return {sid for sid in (shards * 2)[start : start + n] if self.job.done_path(sid).exists()}
 
     def _say(self, waited: list[Busy]) -> None:
         """One line each time the set of shards it waits for changes: whose, and when each may be taken over.

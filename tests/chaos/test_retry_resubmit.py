@@ -62,7 +62,7 @@ def test_retry_during_a_run_then_retry_and_resubmit(tmp_path):
     late = _done(c)[-1]
     assert cli_main(["retry", "--job-dir", str(c.job.root), "--shard-id", late]) == 0
     again = c.start(HOSTS, "--runner", "weighted", run_id="run-2", **slow)
-    assert finish(again) == [0, 0, 0], [n.output for n in again]
+    assert finish(again, timeout=60) == [0, 0, 0], [n.output for n in again]
     assert all(n.last_line().startswith("PASS: 24 shards completed") for n in again), [n.output for n in again]
     assert not [n for n in again if "nothing rewritten" in n.output]
     assert _attempt_of(c, late) == 2
