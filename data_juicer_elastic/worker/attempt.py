@@ -288,7 +288,6 @@ class Attempt:
             record.finished_at,
         )
         self._save("done")
-        self.store.release(self.lease)  # a finished attempt holds nothing (a retry of the shard need not wait)
         seconds = (record.finished_at or 0.0) - (record.started_at or 0.0)
         log_path = self.adir / AttemptDir.LOG
         dropped = f" ({record.error_rows} row(s) removed by op errors; see {log_path})"
