@@ -85,6 +85,11 @@ class ClaimChooser:
         self.last: Snapshot | None = None  # the snapshot the last claim looked at, if any
         self._claimed_at: float | None = None  # the shared clock at this worker's latest claim
 
+    @property
+    def last_claim_at(self) -> float | None:
+        """The shared clock at this worker's latest claim, if it made one."""
+        return self._claimed_at
+
     def claim_next(self) -> Scan:
         scan = self._claim_next()
         if scan[0] is not None:

@@ -17,6 +17,7 @@ stale).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 
@@ -34,7 +35,6 @@ class TailWait:
         self.job, self.chooser, self.policy, self.log = job, chooser, policy, log
         self._named: list[str] = []  # the shards the last wait line named
         self._turn = 0  # where the next wake's stats start in the waited list
-        self._refreshed = -1  # the seq of the snapshot the last refresh gave
 
     def wait(self) -> None:
         """Until one of the shards waited for is done, or a poll interval passed."""
@@ -42,12 +42,15 @@ class TailWait:
         if snap is None:  # declined at the tail before the lanes ran out: nothing to watch yet
             time.sleep(self.policy.poll_interval_secs)
             return
-        waited = self._not_done(snap.live)
+        waited, newest = self._not_done(snap.live)
         if not waited:
-            if snap.seq != self._refreshed:  # built before this worker's own last shards, most often: a new one
-                self._refreshed = self.chooser.snapshots.refresh(newer_than=self.chooser.store.now()).seq
-                return
-            time.sleep(self.policy.poll_interval_secs)  # a snapshot of now, and nothing in it to watch
+            mine = self.chooser.last_claim_at or 0.0
+            if newest > snap.built_at:  # it calls live a shard done since: one built after that record
+                self.chooser.snapshots.refresh(newer_than=newest)
+            elif mine > snap.built_at:  # built before this worker's own last claim (once a claim): one of now
+                self.chooser.snapshots.refresh(newer_than=self.chooser.store.now())
+            else:  # nothing in it to watch, and nothing it misses that this worker knows of
+                time.sleep(self.policy.poll_interval_secs)
             return
         self._say(waited)
         left = [b.shard for b in waited]
@@ -59,29 +62,36 @@ class TailWait:
                 continue
             if snap.claimable:  # shards it left to faster workers: a finished one may make it its turn
                 return
+            newest = max(newest, *done.values())
             left = [s for s in left if s not in done]
-            if not left:  # the last of them: the job's end, or new work, is in a snapshot built from now on
-                self._refreshed = self.chooser.snapshots.refresh(newer_than=self.chooser.store.now()).seq
+            if not left:  # the last of them: the job's end, or new work, is in a snapshot built after it
+                self.chooser.snapshots.refresh(newer_than=newest)
                 return
 
-    def _not_done(self, live: list[Busy]) -> list[Busy]:
+    def _not_done(self, live: list[Busy]) -> tuple[list[Busy], float]:
         """The live attempts that are neither done nor this worker's own (it holds nothing while idle), one
-        a shard."""
+        a shard; and the newest done record's mtime (the shared clock) among the others, 0 if none."""
         mine = (self.chooser.store.host, self.chooser.store.pid)
         freshest: dict[str, Busy] = {}  # a shard with a running backup holds two live attempts: one to wait for
+        newest = 0.0
         for b in live:
-            if (b.host, b.pid) == mine or self.job.done_path(b.shard).exists():
+            done_at = _done_at(self.job, b.shard)
+            if done_at is not None:
+                newest = max(newest, done_at)
+                continue
+            if (b.host, b.pid) == mine:
                 continue
             if b.shard not in freshest or b.age < freshest[b.shard].age:
                 freshest[b.shard] = b
-        return [freshest[s] for s in sorted(freshest)]
+        return [freshest[s] for s in sorted(freshest)], newest
 
-    def _done_among(self, shards: list[str]) -> set[str]:
-        """Which of a few of ``shards`` (taking turns) have a done record now."""
+    def _done_among(self, shards: list[str]) -> dict[str, float]:
+        """Which of a few of ``shards`` (taking turns) have a done record now, with its mtime."""
         n = min(len(shards), CHECKED_PER_WAKE)
         start = self._turn % len(shards)
         self._turn += n
-        return {sid for sid in (shards * 2)[start : start + n] if self.job.done_path(sid).exists()}
+        found = {sid: _done_at(self.job, sid) for sid in (shards * 2)[start : start + n]}
+        return {sid: at for sid, at in found.items() if at is not None}
 
     def _say(self, waited: list[Busy]) -> None:
         """One line each time the set of shards it waits for changes: whose, and when each may be taken over.
@@ -99,3 +109,11 @@ class TailWait:
             parts.append(f"{b.shard} (host={b.host}, renewed {b.age:.0f}s ago, free at {free_at} unless renewed)")
         more = f"; ... ({len(waited) - 8} more)" if len(waited) > 8 else ""
         self.log(f"waiting for {len(waited)} shard(s) leased by other workers: " + "; ".join(parts) + more)
+
+
+def _done_at(job: JobDir, sid: str) -> float | None:
+    """The mtime of the shard's done record (the shared clock), or None while it has none."""
+    try:
+        return os.stat(job.done_path(sid)).st_mtime
+    except FileNotFoundError:
+        return None
