@@ -30,7 +30,6 @@ class RetryRecord:
     shard: str
     after_attempt: int
     at: float
-    archived_done: int = 0  # done records of this shard archived by retries so far
     # each archived done record's publisher: {"attempt", "worker", "rows", "error_rows"}; the sweep subtracts
     # one from the counts only where that worker's record still sums it (worker.sweep)
     archived: tuple[dict, ...] = ()
@@ -42,7 +41,7 @@ def write_retry(job: JobDir, record: RetryRecord, stamp: str) -> None:
     if path.exists():
         os.rename(path, job.history_dir / f"{stamp}-{record.shard}.retry.json")
     body = {"shard": record.shard, "after_attempt": record.after_attempt, "at": record.at}
-    atomic_write(path, dumps_json({**body, "archived_done": record.archived_done, "archived": list(record.archived)}))
+    atomic_write(path, dumps_json({**body, "archived": list(record.archived)}))
 
 
 def retry_base(job: JobDir, shard: str) -> int:
@@ -63,17 +62,14 @@ def retry_base(job: JobDir, shard: str) -> int:
     return base
 
 
-def _archived_so_far(job: JobDir, shard: str) -> tuple[int, tuple[dict, ...]]:
-    """The shard's earlier retry record's archived count and publishers."""
+def _archived_so_far(job: JobDir, shard: str) -> tuple[dict, ...]:
+    """The publishers the shard's earlier retry record names (its archived done records)."""
     try:
         raw = load_object(job.retry_path(shard))
     except (OSError, ValueError):
-        return 0, ()
-    if not isinstance(raw, dict):
-        return 0, ()
-    value, found = raw.get("archived_done", 0), raw.get("archived")
-    count = value if type(value) is int and value >= 0 else 0
-    return count, tuple(a for a in found if isinstance(a, dict)) if isinstance(found, list) else ()
+        return ()
+    found = raw.get("archived") if isinstance(raw, dict) else None
+    return tuple(a for a in found if isinstance(a, dict)) if isinstance(found, list) else ()
 
 
 def _publisher(job: JobDir, shard: str) -> dict | None:
@@ -110,11 +106,11 @@ def requeue(job: JobDir, shard_ids: list[str] | None = None, *, all_failed: bool
         if not records:
             state = "running" if latest else "pending"
             raise UserError(f"retry: shard {sid} is {state}, not failed or done; nothing to requeue")
-        count, publishers = _archived_so_far(job, sid)
+        publishers = _archived_so_far(job, sid)
         publisher = _publisher(job, sid) if job.done_path(sid) in records else None
         if publisher is not None:
-            count, publishers = count + 1, (*publishers, publisher)
-        write_retry(job, RetryRecord(sid, latest, time.time(), count, publishers), stamp)
+            publishers = (*publishers, publisher)
+        write_retry(job, RetryRecord(sid, latest, time.time(), publishers), stamp)
         for path in records:
             os.rename(path, job.history_dir / f"{stamp}-{sid}.{path.parent.name}.json")
         for attempt in (latest, latest - 1):  # the latest, and the attempt it may back up
