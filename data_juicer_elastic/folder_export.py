@@ -49,6 +49,7 @@ from data_juicer_elastic.storage.files import (
     read_record,
     remove_dead_temps_in,
     temp_name,
+    unlink_quietly,
 )
 
 SUCCESS = "_SUCCESS"
@@ -201,10 +202,7 @@ def _publish_part(record: DoneRecord, path: Path, target: Path) -> str:
             how = "copied"
         os.replace(tmp, target)
     finally:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        unlink_quietly(tmp)
     return how
 
 
@@ -311,10 +309,7 @@ def export_parquet_folder(
                     copied += 1
             os.replace(tmp, target)
         finally:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
+            unlink_quietly(tmp)
         size, sha = (d.bytes, d.sha256) if d else (meta["bytes"], meta["sha256"])
         parts.append({"file": target.name, **_source_entry(r, meta), "bytes": size, "sha256": sha})
     wanted = {p["file"] for p in parts}

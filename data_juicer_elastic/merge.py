@@ -49,6 +49,7 @@ from data_juicer_elastic.storage.files import (
     remove_dead_temps,
     remove_dead_temps_in,
     temp_name,
+    unlink_quietly,
 )
 
 NOT_DONE = "not done yet"
@@ -261,10 +262,7 @@ def _write_parquet(parts: list, out: Path, overwrite: bool, bar: ProgressBar) ->
         rows, size = parquet_out.write_merged(parts, tmp, tick)
         _put_in_place(tmp, out, overwrite)
     finally:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        unlink_quietly(tmp)
     fsync_dir(out.parent)
     return rows, size, None
 
@@ -309,10 +307,7 @@ def _write_merged(records: list[Done], out: Path, overwrite: bool, bar: Progress
             rows, size, sha = _copy_all(records, writer, bar)
         _put_in_place(tmp, out, overwrite)
     finally:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        unlink_quietly(tmp)
     fsync_dir(out.parent)
     return rows, size, sha
 

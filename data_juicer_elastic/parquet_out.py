@@ -33,7 +33,7 @@ from typing import Any
 import orjson
 
 from data_juicer_elastic.errors import IntegrityError, UserError
-from data_juicer_elastic.storage.files import dumps_json, fsync_dir, temp_name
+from data_juicer_elastic.storage.files import dumps_json, fsync_dir, temp_name, unlink_quietly
 
 PARQUET = "parquet"
 JSONL = "jsonl"
@@ -152,10 +152,7 @@ def write_shard_parquet(table: Any, attempt_dir: str | os.PathLike, columns: Any
         d = digest_file(tmp)
         os.replace(tmp, out)
     finally:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        unlink_quietly(tmp)
     side = folder / SIDECAR
     side_tmp = temp_name(side)
     with open(side_tmp, "wb") as f:

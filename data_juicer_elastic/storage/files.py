@@ -74,13 +74,14 @@ def _write_temp(path: str | os.PathLike, data: bytes) -> Path:
         os.fsync(fd)
     except BaseException:
         os.close(fd)
-        _unlink_quietly(tmp)
+        unlink_quietly(tmp)
         raise
     os.close(fd)
     return tmp
 
 
-def _unlink_quietly(path: str | os.PathLike) -> None:
+def unlink_quietly(path: str | os.PathLike) -> None:
+    """Remove ``path`` if it is there (a temp file that may or may not have been renamed away)."""
     try:
         os.unlink(path)
     except FileNotFoundError:
@@ -93,7 +94,7 @@ def atomic_write(path: str | os.PathLike, data: bytes) -> None:
     try:
         os.replace(tmp, path)
     except BaseException:
-        _unlink_quietly(tmp)
+        unlink_quietly(tmp)
         raise
     fsync_dir(Path(path).parent)
 
@@ -114,7 +115,7 @@ def publish_once(path: str | os.PathLike, data: bytes) -> bool:
         if not _ours(tmp, path, data):
             return False
     finally:
-        _unlink_quietly(tmp)
+        unlink_quietly(tmp)
     fsync_dir(Path(path).parent)
     return True
 
@@ -161,7 +162,7 @@ def create_exclusive(path: str | os.PathLike, data: bytes) -> bool:
         finally:
             os.close(fd)
     except BaseException:
-        _unlink_quietly(path)  # ours: O_EXCL made it
+        unlink_quietly(path)  # ours: O_EXCL made it
         raise
     fsync_dir(Path(path).parent)
     return True
@@ -294,7 +295,7 @@ def remove_dead_temps_in(
             except FileNotFoundError:
                 continue
         if dead:
-            _unlink_quietly(path)
+            unlink_quietly(path)
             removed += 1
     return removed
 
