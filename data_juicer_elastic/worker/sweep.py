@@ -41,6 +41,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import orjson
 
@@ -89,7 +90,6 @@ class Snapshot:
     workers: int = 0
     swept: int = 0  # done shards the worker records account for (``done`` less ``legacy_done``)
     unreadable: int = 0  # worker records listed but not read this sweep (the fallback waits for them)
-    confirmed: str = ""  # the retry folder's stamp when a listing of state/done confirmed it complete
     exact: bool = False  # counted from a listing of state/done (the fallback)
     legacy_done: int = 0  # done records no worker record counts (a job dir run before worker records)
     fallback_at: float = 0.0  # the shared clock when the listing fallback last ran
@@ -104,12 +104,15 @@ class Snapshot:
     @classmethod
     def from_bytes(cls, data: bytes) -> Snapshot | None:
         try:
-            raw = orjson.loads(data)
+            raw = {k: v for k, v in orjson.loads(data).items() if k in _FIELDS}  # an older version's extra keys
             raw["live"] = [Busy(**b) for b in raw.get("live", [])]
             raw["claimable"] = [(s, int(n)) for s, n in raw.get("claimable", [])]
             return cls(**raw)
         except (ValueError, TypeError, KeyError, AttributeError):
             return None
+
+
+_FIELDS = frozenset(Snapshot.__dataclass_fields__)
 
 
 def build(job: JobDir, store: ClaimStore, previous: Snapshot | None = None, lean: bool = False) -> Snapshot:
@@ -169,8 +172,6 @@ def build(job: JobDir, store: ClaimStore, previous: Snapshot | None = None, lean
     if _needs_fallback(snap, job, store, now):
         _fallback(job, store, snap, now)
     snap.done = min(max(snap.done, 0), total)
-    if snap.complete and previous is not None and previous.complete:
-        snap.confirmed = previous.confirmed  # still holds while no retry happened since (SnapshotCache checks)
     return snap
 
 
@@ -318,10 +319,12 @@ class SnapshotCache:
     """This process's view of ``state/progress.json``: read at most once per interval, rebuilt when old.
 
     A snapshot that says complete is confirmed against a listing of ``state/done`` before this process acts
-    on it, once for the whole job: the process that lists writes the confirmation into the snapshot with the
-    retry folder's stamp, and the others trust it while that stamp (one ``stat``) is unchanged, since only
-    ``retry`` takes a done record away (and writes into that folder). One the listing contradicts (an old
-    submission's snapshot after a retry, a count a record read wrongly) is corrected and written back.
+    on it, once for the whole job: the process that lists leaves ``progress.d/complete-<stamp>`` (the retry
+    folder's stamp), and the others trust it while that stamp (one ``stat``) is unchanged, since only
+    ``retry`` takes a done record away (and writes into that folder). The marker does not ride in the
+    snapshot: a snapshot rebuilt while the lister listed would drop it, and the next one would list again.
+    One the listing contradicts (an old submission's snapshot after a retry, a count a record read wrongly)
+    is corrected and written back.
     """
 
     def __init__(self, job: JobDir, store: ClaimStore, interval: float) -> None:
@@ -387,29 +390,33 @@ class SnapshotCache:
         if not snap.complete or self._complete:
             return snap
         stamp = retry_stamp(self.job)
-        deadline = time.monotonic() + 2 * max(self.interval, 1.0)
-        while snap.confirmed != stamp:
-            # one process lists the done records for everyone; the others read its confirmation (or list
-            # for themselves once it is late: its lister died, or a newer snapshot came in between)
+        marker = self.locks / f"complete-{stamp}"
+        deadline = time.monotonic() + 4 * max(self.interval, 1.0)
+        while not os.path.lexists(marker):
+            # one process lists the done records for everyone; the others wait for its marker (or list for
+            # themselves once it is late: its lister died, or found the snapshot wrong and a newer one says
+            # complete again)
             if self._won(f"confirm-{stamp}-{snap.seq}") or time.monotonic() > deadline:
-                return self._listed(snap, stamp)
+                return self._listed(snap, marker)
             time.sleep(0.2)
             latest = self._read()
             if latest is not None and latest.built_at >= snap.built_at:  # never trade ours for an older one
                 snap = latest
             if not snap.complete:
                 return snap
-        self._complete = True  # another process listed the done records since the last retry
+        self._complete = True
         return snap
 
-    def _listed(self, snap: Snapshot, stamp: str) -> Snapshot:
+    def _listed(self, snap: Snapshot, marker: Path) -> Snapshot:
         """``snap`` checked against one listing of the done records: confirmed, or corrected from it."""
         ids = {s.id for s in self.job.manifest().shards}
         done = len(self.job.done_ids() & ids)
         if done >= snap.total:
             self._complete = True
-            snap.confirmed = stamp
-            self._write(snap)
+            try:
+                create_exclusive(marker, b"")
+            except OSError:  # the others list for themselves
+                pass
             return snap
         snap.legacy_done = max(min(snap.legacy_done, done - snap.swept), 0)
         snap.done, snap.exact = done, True

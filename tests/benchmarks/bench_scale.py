@@ -35,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,6 +53,7 @@ COUNTED = {**FAST, "poll_interval_secs": 1.0}
 _LINE = re.compile(r"^(\d+)\s+(.*)$")
 _CALL = re.compile(r"^([a-z0-9_]+)\((.*)\)\s+=\s+(-?\d+|\?)")
 _PATHS = re.compile(r'"((?:[^"\\]|\\.)*)"')
+_DIGITS = re.compile(r"[0-9a-f]*[0-9][0-9a-f]*")
 
 
 @dataclass
@@ -60,18 +61,24 @@ class Count:
     calls: int = 0
     listing_bytes: int = 0
     meta: int = 0  # what a file server sees as metadata requests: calls naming a path, getdents64, fsync
+    # folder listed (relative to the job dir, digits as N) -> [bytes read, getdents64 calls that returned some]
+    listings: dict[str, list[int]] = field(default_factory=dict)
 
     def add(self, other: Count) -> None:
         self.calls += other.calls
         self.listing_bytes += other.listing_bytes
         self.meta += other.meta
+        for folder, (size, reads) in other.listings.items():
+            mine = self.listings.setdefault(folder, [0, 0])
+            mine[0] += size
+            mine[1] += reads
 
 
 def count_trace(trace: Path, root: str) -> Count:
     """Calls on ``root`` (by path or by a descriptor opened under it) and getdents64 bytes, from one strace -f log."""
     root = root.rstrip("/")
     group: dict[str, str] = {}  # thread id -> the id of the process whose descriptor table it shares
-    fds: dict[tuple[str, str], bool] = {}  # (process, fd) -> opened under root
+    fds: dict[tuple[str, str], str | None] = {}  # (process, fd) -> the path under root it was opened on
     pending: dict[str, str] = {}
     total = Count()
     with open(trace, errors="replace") as f:
@@ -102,18 +109,22 @@ def count_trace(trace: Path, root: str) -> Count:
             paths = _PATHS.findall(args)
             on_root = any(p == root or p.startswith(root + "/") for p in paths)
             first = args.split(",", 1)[0].strip()
-            by_fd = first.isdigit() and fds.get((proc, first), False)
+            by_fd = fds.get((proc, first)) if first.isdigit() else None
             if name in ("open", "openat", "creat") and ret.isdigit():
-                fds[(proc, ret)] = on_root
+                fds[(proc, ret)] = next((p for p in paths if p == root or p.startswith(root + "/")), None)
             if name == "close" and first.isdigit():
                 fds.pop((proc, first), None)
             if name in ("dup", "dup2", "dup3", "fcntl") and ret.isdigit() and by_fd:
-                fds[(proc, ret)] = True
+                fds[(proc, ret)] = by_fd
             if on_root or by_fd:
                 total.calls += 1
                 total.meta += bool(on_root) or name in ("getdents64", "fsync", "fdatasync")
                 if name == "getdents64" and by_fd and ret.isdigit():
                     total.listing_bytes += int(ret)
+                    folder = _DIGITS.sub("N", by_fd[len(root) :]) or "/"
+                    seen = total.listings.setdefault(folder, [0, 0])
+                    seen[0] += int(ret)
+                    seen[1] += int(ret) > 0
     return total
 
 
@@ -150,13 +161,31 @@ def _wait_all(procs: list[subprocess.Popen], timeout: float) -> list[int]:
     return [p.returncode for p in procs]
 
 
-def per_shard(job, n_workers: int, tmp: Path) -> tuple[float, float, list[int]]:
-    """(calls, listing bytes, exit codes) per shard; ``per_shard.meta`` keeps the metadata calls per shard."""
+@dataclass
+class PerShard:
+    """What a job of workers cost, divided by its shards."""
+
+    calls: float
+    listing: float  # listing bytes
+    meta: float  # metadata calls
+    codes: list[int]
+    listings: dict[str, float]  # listing bytes per folder listed (see ``Count.listings``)
+    per_read: dict[str, float]  # bytes one getdents64 call that returned entries read, per folder (average)
+
+
+def per_shard(job, n_workers: int, tmp: Path) -> PerShard:
+    """Run ``n_workers`` to the end under strace; their cost per shard (every shard checked done once)."""
     shards = len(job.manifest().shards)
     count, codes = counted_workers(job, n_workers, tmp)
     check_done_exactly_once(job)
-    per_shard.meta = count.meta / shards
-    return count.calls / shards, count.listing_bytes / shards, codes
+    return PerShard(
+        count.calls / shards,
+        count.listing_bytes / shards,
+        count.meta / shards,
+        codes,
+        {folder: size / shards for folder, (size, _) in count.listings.items()},
+        {folder: size / max(reads, 1) for folder, (size, reads) in count.listings.items()},
+    )
 
 
 def startup_calls(job, tmp: Path) -> Count:
@@ -174,8 +203,8 @@ def bench_b10(tmp: Path, sizes: list[int], workers: list[int]) -> tuple[dict, bo
     for n in workers:
         for shards in sizes:
             job = make_job(tmp / f"b10-{n}-{shards}", rows=shards, shards=shards, **COUNTED)
-            calls, listing, codes = per_shard(job, n, tmp / f"b10-{n}-{shards}-traces")
-            meta = per_shard.meta
+            cost = per_shard(job, n, tmp / f"b10-{n}-{shards}-traces")
+            calls, listing, meta, codes = cost.calls, cost.listing, cost.meta, cost.codes
             start = startup_calls(job, tmp / f"b10-{n}-{shards}-traces")
             net = calls - n * start.calls / shards
             net_meta = meta - n * start.meta / shards
