@@ -1,6 +1,6 @@
 """Parquet input end to end (issue 34): a folder of Parquet files through ``dj-process`` with
 ``executor_type: elastic_shard``, against one plain ``executor_type: ray`` run over the same folder:
-the JSONL output and the Parquet output, rows compared by id."""
+the JSONL output and the Parquet output, rows compared by id with that run's JSONL output."""
 
 from __future__ import annotations
 
@@ -74,17 +74,15 @@ def test_parquet_folder_matches_one_ray_run(tmp_path):
     config.write_text(yaml.safe_dump(recipe, sort_keys=False))
     run_elastic(config, tmp_path)
     table = pq.read_table(pq_out)
-    ref_pq_config = reference_recipe(config, tmp_path / "ref_pq")
-    recipe = yaml.safe_load(ref_pq_config.read_text())
-    recipe["export_path"] = str(tmp_path / "ref_pq" / "reference.parquet")
-    ref_pq_config.write_text(yaml.safe_dump(recipe, sort_keys=False))
-    done = dj_process("--config", str(ref_pq_config), cwd=tmp_path, env={"DJ_ELASTIC_DISABLE": "1"})
-    assert done.returncode == 0, done.stderr[-5000:]
-    ref_table = pq.read_table(tmp_path / "ref_pq" / "reference.parquet")
-    got = sorted(table.to_pylist(), key=lambda r: r["id"])
-    want = sorted(ref_table.to_pylist(), key=lambda r: r["id"])
-    assert got == want, json.dumps(differences(got, want)[:10], default=str)
-    for name in ref_table.column_names:
-        assert table.schema.field(name).type == ref_table.schema.field(name).type, name
+    # text and stats as the ray run above wrote them (its JSON export rounds floats to 10 digits: the other columns are
+    # compared with the input's, which the recipe leaves alone; a ray run's own Parquet export is compared
+    # with ours in test_parquet_integration)
+    got = _by_id(table.to_pylist())
+    assert list(got) == ids, "the Parquet output holds other rows than the JSONL output, or another order"
+    source = _by_id(pq.read_table(data).to_pylist())
+    added = ("text", "__dj__stats__")  # what the recipe writes
+    expected = {i: {**source[i], **{k: ref[i][k] for k in added if k in ref[i]}} for i in ids}
+    problems = [d for i in ids for d in differences(got[i], expected[i], f"id={i}")]
+    assert not problems, json.dumps(problems[:10], default=str)
     for name in ("meta", "tags", "id", "text", "score"):  # the input's own types, as the files hold them
         assert table.schema.field(name).type == pq.read_schema(data / "a.parquet").field(name).type, name
