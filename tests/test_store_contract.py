@@ -248,6 +248,17 @@ def test_s3_create_resent_after_its_own_success_is_ours(moto_env: dict[str, str]
     assert ver is not None and meta is not None and ver == meta.ver
 
 
+def test_s3_replace_resent_after_its_own_success_is_ours(moto_env: dict[str, str], monkeypatch: pytest.MonkeyPatch):
+    """The If-Match replace landed, its reply was lost; the resend gets 412 (the ETag moved, by us): resolved alike."""
+    store = s3_store(monkeypatch, moto_env)
+    v1 = store.create("state/progress.json", b"one\n")
+    sends = force_one_resend(store)
+    v2 = store.replace("state/progress.json", b"two\n", if_ver=v1)
+    assert sends[:2] == [1, 2]
+    meta = store.head("state/progress.json")
+    assert v2 is not None and meta is not None and v2 == meta.ver != v1
+
+
 def test_s3_create_resent_onto_a_foreign_key_loses(moto_env: dict[str, str], monkeypatch: pytest.MonkeyPatch):
     store = s3_store(monkeypatch, moto_env)
     assert store.create("done/x.json", b"theirs\n") is not None
