@@ -1,0 +1,97 @@
+"""The one storage interface the job dir will sit behind (docs/OBJECT_STORE.md section 1).
+
+Two backends: ``PosixStore`` (a shared POSIX directory, today's ``files.py``)
+and ``S3Store`` (an S3 endpoint). Keys are job-relative POSIX paths, confined
+to the store's root (:func:`normalise_key`). Every operation the protocol
+names is one the job needs from both; what only one backend can do (fsync a
+folder, clean temp names) stays out of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+from urllib.parse import unquote, urlsplit
+
+from data_juicer_elastic.storage.keys import Entry, Meta, Ver, is_internal, normalise_key, normalise_prefix
+
+__all__ = ["Entry", "Meta", "Store", "Ver", "is_internal", "normalise_key", "normalise_prefix", "store_for"]
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Small whole-object reads and writes with the two guarantees leases and done records rest on.
+
+    ``create`` is create-once (the first writer wins, whole bytes or nothing)
+    and ``head``/``read`` report ages on the store's clock, never a node's.
+    """
+
+    def describe(self) -> str:
+        """Where the store is, as messages name it (a path; an s3:// URL and its endpoint)."""
+        ...
+
+    def create(self, key: str, data: bytes) -> Ver | None:
+        """Write ``data`` at ``key`` unless a key is there: its version, or None when somebody else's is.
+
+        A key that already holds exactly ``data`` may count as this call's own
+        (a resent request whose first send landed; an NFS link retransmitted),
+        so bodies that must tell writers apart carry a unique token.
+        """
+        ...
+
+    def replace(self, key: str, data: bytes, if_ver: Ver | None = None) -> Ver | None:
+        """Replace ``key`` whole; with ``if_ver`` only if it still has that version (None: it changed or went)."""
+        ...
+
+    def read(self, key: str) -> tuple[bytes, Meta] | None:
+        """A small key's bytes and the Meta of those very bytes; None when missing."""
+        ...
+
+    def head(self, key: str) -> Meta | None:
+        """Size, version and age of ``key`` without its bytes; None when missing."""
+        ...
+
+    def delete(self, key: str, if_ver: Ver | None = None) -> bool:
+        """Remove ``key`` (gone already is fine); with ``if_ver``, False and nothing removed unless it has it."""
+        ...
+
+    def list(self, prefix: str) -> Iterator[Entry]:
+        """Every key under the folder ``prefix``, recursively, in key order; internal keys left out.
+
+        Off the hot path only: a listing is one request per 1,000 keys on S3.
+        """
+        ...
+
+    def now(self) -> float:
+        """The store's clock (epoch seconds): the one clock every node reads alike."""
+        ...
+
+
+def store_for(url: str, *, endpoint_url: str | None = None, dialect: str = "s3") -> Store:
+    """The store a job-dir URL names: a path or ``file://`` -> PosixStore; ``s3://bucket/prefix`` -> S3Store.
+
+    ``endpoint_url`` (else boto3's own chain: ``AWS_ENDPOINT_URL`` ...) and
+    ``dialect`` apply to s3:// only.
+    """
+    if "://" not in url:
+        from data_juicer_elastic.storage.posix import PosixStore
+
+        return PosixStore(Path(url))
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme == "file":
+        if parts.netloc not in ("", "localhost"):
+            raise ValueError(f"{url}: a file:// URL names a local path (file:///path), not host {parts.netloc!r}")
+        from data_juicer_elastic.storage.posix import PosixStore
+
+        return PosixStore(Path(unquote(parts.path)))
+    if scheme == "s3":
+        if not parts.netloc:
+            raise ValueError(f"{url}: an s3:// URL names a bucket (s3://bucket/prefix)")
+        if parts.query or parts.fragment:
+            raise ValueError(f"{url}: an s3:// URL takes no query or fragment")
+        from data_juicer_elastic.storage.s3 import S3Store
+
+        return S3Store(parts.netloc, normalise_prefix(unquote(parts.path).lstrip("/")), endpoint_url, dialect)
+    raise ValueError(f"{url}: unknown storage scheme {scheme!r}; use a path, file:// or s3:// (any S3 endpoint)")

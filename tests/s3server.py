@@ -1,0 +1,149 @@
+"""A moto S3 server in its own process, for the object-store tests (docs/OBJECT_STORE.md section 6).
+
+moto's WSGI app is served by a **single-threaded** werkzeug server: moto
+checks ``If-None-Match``/``If-Match`` and then writes, without a lock, so only
+serialised requests make that check-then-write atomic (a threaded server could
+let two racing creates both win). Optional WSGI middleware, per server:
+
+* ``strip``: request headers removed before moto sees them (``If-None-Match``
+  plays a store that ignores create-once; the probe must refuse it);
+* ``latency_ms`` (or ``DJE_S3_LATENCY_MS``): a pause before each request.
+
+Run alone: ``python -m tests.s3server [--strip If-None-Match] [--latency-ms N]``
+prints ``port N`` once it listens, and exits when its stdin closes (so a
+parent that dies takes it along).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+START_SECS = 60.0  # moto imports a lot; a loaded 2-core machine may take a while
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+class Middleware:
+    """Strips request headers and/or sleeps before each request, then hands it to moto."""
+
+    def __init__(self, app: Callable[..., Iterable[bytes]], strip: Iterable[str] = (), latency_ms: float = 0.0):
+        self.app, self.latency = app, latency_ms / 1000.0
+        self.strip = {"HTTP_" + h.upper().replace("-", "_") for h in strip}
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        for name in self.strip:
+            environ.pop(name, None)
+        if self.latency:
+            time.sleep(self.latency)
+        return self.app(environ, start_response)
+
+
+def _quiet_handler() -> type:
+    """moto's request handler without its one-line-per-request log (the tests make thousands)."""
+    from moto.moto_server.werkzeug_app import MotoRequestHandler
+
+    class Quiet(MotoRequestHandler):
+        def log_request(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+    return Quiet
+
+
+def serve(strip: Iterable[str], latency_ms: float) -> None:
+    """Serve moto on a free port of 127.0.0.1, one request at a time; print the port; stop when stdin closes."""
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+    from werkzeug.serving import make_server
+
+    app = Middleware(DomainDispatcherApplication(create_backend_app), strip, latency_ms)
+    server = make_server("127.0.0.1", 0, app, threaded=False, request_handler=_quiet_handler())
+    threading.Thread(target=_exit_on_eof, daemon=True).start()
+    print(f"port {server.server_port}", flush=True)
+    server.serve_forever()
+
+
+def _exit_on_eof() -> None:
+    sys.stdin.read()
+    os._exit(0)
+
+
+@contextlib.contextmanager
+def s3_server(bucket: str = "dje-test", strip: Iterable[str] = (), latency_ms: float = 0.0) -> Iterator[dict[str, str]]:
+    """Start a server process, create ``bucket``, yield the env a boto3 client needs; kill the process after."""
+    cmd = [sys.executable, "-m", "tests.s3server", "--latency-ms", str(latency_ms)]
+    for header in strip:
+        cmd += ["--strip", header]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        line = _first_line(proc)
+        if not line.startswith("port "):
+            raise RuntimeError(f"the moto server did not start (exit {proc.poll()}, said {line!r})")
+        endpoint = f"http://127.0.0.1:{int(line.split()[1])}"
+        _wait_answering(endpoint, proc)
+        server_env = {"AWS_ENDPOINT_URL": endpoint, **CREDENTIALS}
+        _create_bucket(bucket, server_env)
+        yield server_env
+    finally:
+        proc.kill()
+        proc.wait()
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
+def _first_line(proc: subprocess.Popen) -> str:
+    """The server's first line of output, or "" if it said nothing within START_SECS (a thread waits)."""
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.append(proc.stdout.readline() if proc.stdout else ""), daemon=True)
+    reader.start()
+    reader.join(START_SECS)
+    return got[0].strip() if got else ""
+
+
+def _wait_answering(endpoint: str, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + START_SECS
+    while True:
+        try:
+            urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=5).close()
+            return
+        except urllib.error.HTTPError:
+            return  # any HTTP answer will do
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def _create_bucket(bucket: str, server_env: dict[str, str]) -> None:
+    import boto3
+
+    session = boto3.session.Session(
+        aws_access_key_id=server_env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=server_env["AWS_SECRET_ACCESS_KEY"],
+        region_name=server_env["AWS_DEFAULT_REGION"],
+    )
+    session.client("s3", endpoint_url=server_env["AWS_ENDPOINT_URL"]).create_bucket(Bucket=bucket)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--strip", action="append", default=[], help="a request header to remove (repeatable)")
+    latency = float(os.environ.get("DJE_S3_LATENCY_MS", "0") or 0)
+    parser.add_argument("--latency-ms", type=float, default=latency, help="a pause before each request")
+    args = parser.parse_args(argv)
+    serve(args.strip, max(args.latency_ms, latency))
+
+
+if __name__ == "__main__":
+    main()
