@@ -13,6 +13,7 @@ from data_juicer_elastic.job.manifest import Manifest
 from data_juicer_elastic.job.records.attempt import load_attempt
 from data_juicer_elastic.job.records.done import DoneRecord, load_done_many
 from data_juicer_elastic.job.records.failed import load_failed
+from data_juicer_elastic.job.records.retry import read_requeued
 from data_juicer_elastic.job.records.workers import read_workers
 from data_juicer_elastic.worker.speculation import RateBook, late_attempt
 
@@ -208,6 +209,8 @@ class _DoneTotals:
     def add(self, host: str, n: int, output_rows: int, error_rows: int, start, end) -> None:
         if n:
             self.hosts[host or "?"] = self.hosts.get(host or "?", 0) + n
+            if not self.hosts[host or "?"]:
+                del self.hosts[host or "?"]
         self.output_rows += output_rows
         self.error_rows += error_rows
         if start is not None:
@@ -219,7 +222,8 @@ class _DoneTotals:
 def _done_totals(job: JobDir, done: set[str]) -> _DoneTotals:
     """The done shards' totals from the worker records; from the done records when those don't add up."""
     totals, counted = _DoneTotals(), 0
-    for r in read_workers(job.workers_dir)[0]:
+    records = read_workers(job.workers_dir)[0]
+    for r in records:
         totals.add(r.host, r.published, r.output_rows, r.error_rows, r.first_start, r.last_finish)
         counted += r.published
         named = [(sid, n) for sid, n in r.pairs if sid in done]
@@ -227,6 +231,12 @@ def _done_totals(job: JobDir, done: set[str]) -> _DoneTotals:
             if isinstance(rec, DoneRecord) and rec.worker == r.worker and (sid, rec.attempt) in named:
                 totals.add(rec.host, 1, rec.rows, rec.error_rows, rec.started_at, rec.finished_at)
                 counted += 1
+    by_worker = {r.worker: r for r in records}
+    for a in read_requeued(job)[0]:  # a retried done shard: its publisher's ``published`` still sums it
+        r = by_worker.get(a.worker)
+        if r is not None and (a.shard, a.attempt) not in r.pairs:
+            totals.add(r.host, -1, -a.rows, -a.error_rows, None, None)
+            counted -= 1
     if counted == len(done):
         return totals
     totals = _DoneTotals()

@@ -105,3 +105,22 @@ def test_shards_option_gives_the_per_shard_table(done_job, capsys):
     assert "part-00000-of-00300" in out and out.count(" done ") >= SHARDS
     assert cli_main(["status", "--job-dir", str(done_job.root)]) == 0
     assert "part-00000-of-00300" not in capsys.readouterr().out
+
+
+def test_after_a_retried_done_shard_is_redone_the_summary_still_reads_no_done_record(tmp_path):
+    job = make_job(tmp_path, rows=40, shards=4)
+    assert run_worker(job.root, copy, host="a", log=lambda *_: None).exit_code == 0
+    assert cli_main(["retry", "--job-dir", str(job.root), "--shard-id", "part-00001-of-00004"]) == 0
+    assert run_worker(job.root, copy, host="b", log=lambda *_: None).exit_code == 0
+    before = status_json(job, "--shards")
+    assert before["counts"]["done"] == 4 and before["output_rows"] == 40 and before["hosts"] == {"a": 3, "b": 1}
+    records = sorted(job.done_dir.iterdir())
+    saved = {p: p.read_bytes() for p in records}
+    try:
+        for p in records:
+            p.write_bytes(b"\x00not a done record")
+        after = status_json(job)
+        assert summary(after) == summary(before), "the summary read the done records"
+    finally:
+        for p, data in saved.items():
+            p.write_bytes(data)

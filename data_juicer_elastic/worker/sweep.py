@@ -49,6 +49,7 @@ from data_juicer_elastic.job.claims import ClaimStore
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.records._read import int_or, number_or_none
 from data_juicer_elastic.job.records.attempt import load_attempt
+from data_juicer_elastic.job.records.retry import Archived, read_requeued
 from data_juicer_elastic.job.records.workers import read_small, read_workers, replace_small
 from data_juicer_elastic.storage.files import create_exclusive
 from data_juicer_elastic.worker.lanes import fresh_left, probed_fresh_left
@@ -148,7 +149,7 @@ def build(job: JobDir, store: ClaimStore, previous: Snapshot | None = None, lean
             if sid in rows:
                 latest[sid] = max(latest.get(sid, 0), attempt)
                 owner.setdefault((sid, attempt), {})[r.worker] = (r.host, r.pid)
-    archived, requeued = _requeued(job)
+    archived, requeued = read_requeued(job)
     _subtract_archived(snap, archived, {r.worker: set(r.pairs) for r in records}, rows)
     for sid, after in requeued.items():
         if sid in rows and sid not in latest:
@@ -221,48 +222,6 @@ def _add_done(snap: Snapshot, done: dict, rows: int, size: int) -> None:
         snap.rates.append(size / (end - start))
         snap.first_start = start if snap.first_start is None else min(snap.first_start, start)
         snap.last_finish = end if snap.last_finish is None else max(snap.last_finish, end)
-
-
-@dataclass(frozen=True)
-class Archived:
-    """A done record ``retry`` archived: who published it (the sweep subtracts it where a sum holds it)."""
-
-    shard: str
-    attempt: int
-    worker: str
-    rows: int = 0
-    error_rows: int = 0
-
-
-def _requeued(job: JobDir) -> tuple[list[Archived], dict[str, int]]:
-    """(done records archived by retry; requeued shard -> the attempt after which it starts again)."""
-    try:
-        names = os.listdir(job.retry_dir)
-    except FileNotFoundError:
-        return [], {}
-    archived, found = [], {}
-    for name in names:
-        if not name.endswith(".json") or name.startswith("."):
-            continue
-        data = read_small(job.retry_dir / name)
-        try:
-            raw = orjson.loads(data) if data else {}
-            after = raw.get("after_attempt", 0)
-            for a in raw.get("archived") or []:
-                archived.append(
-                    Archived(
-                        name[:-5],
-                        int(a["attempt"]),
-                        str(a["worker"]),
-                        int_or(a.get("rows")),
-                        int_or(a.get("error_rows")),
-                    )
-                )
-        except (ValueError, TypeError, AttributeError, KeyError):
-            continue
-        if type(after) is int:
-            found[name[:-5]] = after
-    return archived, found
 
 
 def _subtract_archived(snap: Snapshot, archived: list[Archived], pairs: dict[str, set], rows: dict[str, int]) -> None:

@@ -16,12 +16,15 @@ import time
 import uuid
 from dataclasses import dataclass
 
+import orjson
+
 from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.job.claims import claim_store
 from data_juicer_elastic.job.layout import JobDir
-from data_juicer_elastic.job.records._read import MISSING, load_object
+from data_juicer_elastic.job.records._read import MISSING, int_or, load_object
 from data_juicer_elastic.job.records.attempt import load_attempt
 from data_juicer_elastic.job.records.done import load_done
+from data_juicer_elastic.job.records.workers import read_small
 from data_juicer_elastic.storage.files import atomic_write, dumps_json
 
 
@@ -33,6 +36,48 @@ class RetryRecord:
     # each archived done record's publisher: {"attempt", "worker", "rows", "error_rows"}; the sweep subtracts
     # one from the counts only where that worker's record still sums it (worker.sweep)
     archived: tuple[dict, ...] = ()
+
+
+@dataclass(frozen=True)
+class Archived:
+    """A done record ``retry`` archived: who published it (counts subtract it where a worker record's sum holds it)."""
+
+    shard: str
+    attempt: int
+    worker: str
+    rows: int = 0
+    error_rows: int = 0
+
+
+def read_requeued(job: JobDir) -> tuple[list[Archived], dict[str, int]]:
+    """(done records archived by retry; requeued shard -> the attempt after which it starts again)."""
+    try:
+        names = os.listdir(job.retry_dir)
+    except FileNotFoundError:
+        return [], {}
+    archived, found = [], {}
+    for name in names:
+        if not name.endswith(".json") or name.startswith("."):
+            continue
+        data = read_small(job.retry_dir / name)
+        try:
+            raw = orjson.loads(data) if data else {}
+            after = raw.get("after_attempt", 0)
+            for a in raw.get("archived") or []:
+                archived.append(
+                    Archived(
+                        name[:-5],
+                        int(a["attempt"]),
+                        str(a["worker"]),
+                        int_or(a.get("rows")),
+                        int_or(a.get("error_rows")),
+                    )
+                )
+        except (ValueError, TypeError, AttributeError, KeyError):
+            continue
+        if type(after) is int:
+            found[name[:-5]] = after
+    return archived, found
 
 
 def write_retry(job: JobDir, record: RetryRecord, stamp: str) -> None:
