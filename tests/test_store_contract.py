@@ -13,10 +13,12 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import orjson
 import pytest
 
 from data_juicer_elastic.errors import UserError
@@ -32,6 +34,8 @@ pytest.importorskip("moto")
 BUCKET = "dje-test"
 RACERS, ROUNDS = 16, 10
 CLOCK_SANITY_SECS = 60.0  # far above any pause here, far below a time-zone error
+LEASE = b'{"attempt": 1, "host": "node-a", "shard": "part-00000", "token": "ours"}\n'
+THEIRS = b'{"attempt": 1, "host": "node-b", "shard": "part-00000", "token": "theirs"}\n'
 
 
 @pytest.fixture(scope="module")
@@ -178,6 +182,88 @@ def test_delete(store: Store):
     assert list(store.list("retry")) == []
 
 
+def wait_for_the_clock_to_pass(store: Store, t: float) -> None:
+    """Poll the store's clock until it reads later than ``t`` (POSIX: the next timestamp tick; S3: the next
+    whole second), so a write after it is stamped later than ``t``. A liveness bound only: nothing is timed."""
+    deadline = time.monotonic() + CLOCK_SANITY_SECS
+    while store.now() <= t:
+        assert time.monotonic() < deadline, f"the store's clock did not pass {t} in {CLOCK_SANITY_SECS:g}s"
+        time.sleep(0.05)
+
+
+def body_of(store: Store, key: str) -> dict:
+    got = store.read(key)
+    assert got is not None
+    body = orjson.loads(got[0])
+    assert isinstance(body, dict)
+    return body
+
+
+def test_renew_stamps_the_store_clock_and_moves_the_version(store: Store):
+    key = "generations/g/state/claims/part-00000@0001"
+    v1 = store.create(key, LEASE)
+    m1 = store.head(key)
+    assert v1 is not None and m1 is not None and not m1.released
+    wait_for_the_clock_to_pass(store, m1.modified)
+    v2 = store.renew(key, v1)
+    m2 = store.head(key)
+    assert v2 is not None and m2 is not None and v2 == m2.ver != v1
+    assert m1.modified < m2.modified <= m2.store_now  # stamped by the store, on its clock
+    assert not m2.released
+    v3 = store.renew(key, v2)  # the version renew handed back renews again
+    m3 = store.head(key)
+    assert v3 is not None and m3 is not None and v3 == m3.ver and m3.modified >= m2.modified
+    assert orjson.loads(LEASE).items() <= body_of(store, key).items()  # the lease's own fields are kept
+
+
+def test_renew_with_a_stale_version_is_lost_and_writes_nothing(store: Store):
+    key = "generations/g/state/claims/part-00000@0001"
+    v1 = store.create(key, LEASE)
+    assert v1 is not None
+    v2 = store.renew(key, v1)
+    assert v2 is not None
+    v3 = store.replace(key, THEIRS)  # somebody put another lease in its place
+    assert v3 is not None
+    assert store.renew(key, v2) is None  # the version of our last beat
+    assert store.renew(key, v1) is None  # and the one before it
+    got = store.read(key)
+    assert got is not None and got[0] == THEIRS and got[1].ver == v3
+    assert store.delete(key) is True
+    assert store.renew(key, v3) is None  # gone: lost, and not written back
+    assert store.head(key) is None
+
+
+def test_release(store: Store):
+    key = "generations/g/state/claims/part-00003@0002"
+    assert store.release(key) is False  # nothing there
+    v1 = store.create(key, LEASE)
+    assert v1 is not None
+    v2 = store.replace(key, THEIRS)
+    assert store.release(key, v1) is False  # somebody else's lease now: left alone
+    meta = store.head(key)
+    assert meta is not None and not meta.released and meta.ver == v2
+    assert store.release(key, v2) is True
+    meta = store.head(key)
+    got = store.read(key)
+    assert meta is not None and meta.released and got is not None and got[1].released
+    assert orjson.loads(THEIRS).items() <= orjson.loads(got[0]).items()
+    assert store.renew(key, v2) is None  # the version it had before the release
+    assert store.renew(key, meta.ver) is None  # and the released one: a released lease is never renewed
+    meta = store.head(key)
+    assert meta is not None and meta.released
+    assert store.release(key) is True  # already released, whoever asks
+    assert store.create(key, LEASE) is None  # the key stays taken: the next attempt is a new key
+
+
+def test_release_without_a_version(store: Store):
+    key = "generations/g/state/claims/part-00004@0001"
+    v1 = store.create(key, LEASE)
+    assert v1 is not None and store.renew(key, v1) is not None
+    assert store.release(key) is True
+    meta = store.head(key)
+    assert meta is not None and meta.released
+
+
 @pytest.mark.parametrize("bad", ["../x", "/abs", "a/../../x", "a/../b", "", "."])
 def test_keys_are_confined(store: Store, bad: str):
     for call in (
@@ -186,6 +272,8 @@ def test_keys_are_confined(store: Store, bad: str):
         lambda: store.read(bad),
         lambda: store.head(bad),
         lambda: store.delete(bad),
+        lambda: store.renew(bad, "v"),
+        lambda: store.release(bad),
     ):
         with pytest.raises(ValueError) as err:
             call()
@@ -267,6 +355,51 @@ def test_s3_create_resent_onto_a_foreign_key_loses(moto_env: dict[str, str], mon
     assert sends[:2] == [1, 2]
     got = store.read("done/x.json")
     assert got is not None and got[0] == b"theirs\n"
+
+
+def test_s3_renew_counts_beats_and_release_marks_the_metadata(
+    moto_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+):
+    """Each beat rewrites the body with ``beat`` + 1 (a new ETag even within one second); another process's
+    store, with nothing remembered, renews through one GET; release sets ``x-amz-meta-dje-released``."""
+    store = s3_store(monkeypatch, moto_env)
+    key = "claims/part-00000@0001"
+    ver = store.create(key, LEASE)
+    vers = [ver]
+    for _ in range(3):
+        ver = store.renew(key, ver)
+        vers.append(ver)
+    assert None not in vers and len(set(vers)) == 4
+    body = body_of(store, key)
+    assert body["beat"] == 3 and isinstance(body["writer_time"], float)
+    other = store_for(store.url)  # a fresh client: another process
+    ver = other.renew(key, ver)
+    assert ver is not None and body_of(store, key)["beat"] == 4
+    assert store.renew(key, vers[-1]) is None  # the first store's beat is stale now
+    assert other.release(key, ver) is True
+    full = f"{store.prefix}/{key}"  # type: ignore[attr-defined]
+    head = store.client.head_object(Bucket=BUCKET, Key=full)  # type: ignore[attr-defined]
+    assert head["Metadata"] == {"dje-released": "1"} and body_of(store, key)["released"] is True
+
+
+def test_s3_renew_resent_after_its_own_success_is_ours(moto_env: dict[str, str], monkeypatch: pytest.MonkeyPatch):
+    """A beat landed, its reply was lost; the resend's 412 is our own ETag move: the beat is not lost."""
+    store = s3_store(monkeypatch, moto_env)
+    v1 = store.create("claims/part-00000@0001", LEASE)
+    assert v1 is not None
+    sends = force_one_resend(store)
+    v2 = store.renew("claims/part-00000@0001", v1)
+    assert sends[:2] == [1, 2]
+    meta = store.head("claims/part-00000@0001")
+    assert v2 is not None and meta is not None and v2 == meta.ver != v1
+
+
+def test_s3_renew_refuses_a_body_that_is_not_a_lease(moto_env: dict[str, str], monkeypatch: pytest.MonkeyPatch):
+    store = s3_store(monkeypatch, moto_env)
+    ver = store.create("state/numbers.txt", b"1 2 3\n")
+    assert ver is not None
+    with pytest.raises(ValueError, match=r"state/numbers\.txt"):
+        store.renew("state/numbers.txt", ver)
 
 
 # --------------------------------------------------------------------------- store_for and the optional boto3

@@ -19,12 +19,15 @@ class Meta:
 
     ``modified`` and ``store_now`` come from the same response (POSIX: one
     stat, then the clock probe), so ``age`` never mixes in a node's clock.
+    ``released``: the key was given up by ``Store.release`` (a lease that is
+    claimable at once, whatever its age).
     """
 
     size: int
     ver: Ver
     modified: float
     store_now: float
+    released: bool = False
 
     @property
     def age(self) -> float:

@@ -3,7 +3,8 @@
 Nothing here changes how a file is written: ``create`` is ``publish_once``
 (temp + link: whole bytes or nothing, first writer wins), ``replace`` is
 ``atomic_write`` (temp + fsync + rename), ``now`` is ``server_now`` (the file
-server's clock). Folders are made on demand, since a key implies its parents.
+server's clock), ``renew`` is ``touch`` (the file server stamps the write) and
+``release`` sets the mtime to ``RELEASED_MTIME``. Folders are made on demand, since a key implies its parents.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
-from data_juicer_elastic.storage.files import atomic_write, publish_once, server_now
+from data_juicer_elastic.storage.files import atomic_write, publish_once, server_now, touch
 from data_juicer_elastic.storage.keys import Entry, Meta, Ver, is_internal, normalise_key, normalise_prefix
 
 CLOCK_KEY = ".clock"  # the file ``now`` touches: internal (never listed), one per store
+RELEASED_MTIME = 1  # a released lease's mtime, at or below it reads as released (sshfs turns 0 into "now")
 
 T = TypeVar("T")
 
@@ -56,6 +58,27 @@ class PosixStore:
             return None  # compare, then rename: as today (fencing never rested on it)
         _in_folder(path, lambda: atomic_write(path, data))
         return ver_of(os.lstat(path))
+
+    def renew(self, key: str, ver: Ver) -> Ver | None:
+        path = self.path(key)
+        st = self._stat(path)
+        if st is None or ver_of(st) != ver or st.st_mtime <= RELEASED_MTIME:
+            return None  # replaced, touched by another, gone or released: lost, and left as it is
+        try:
+            touch(path)  # a write, so the file server stamps its own clock (utime would send the node's)
+        except FileNotFoundError:
+            return None
+        return self._ver(path)
+
+    def release(self, key: str, ver: Ver | None = None) -> bool:
+        path = self.path(key)
+        if ver is not None and self._ver(path) != ver:
+            return False
+        try:
+            os.utime(path, (RELEASED_MTIME, RELEASED_MTIME))  # one call, as claims.py always released
+        except FileNotFoundError:
+            return False
+        return True
 
     def read(self, key: str) -> tuple[bytes, Meta] | None:
         try:
@@ -109,7 +132,7 @@ class PosixStore:
 
     def _meta(self, st: os.stat_result) -> Meta:
         # stat first, clock second: the age can only come out a little larger, never negative
-        return Meta(st.st_size, ver_of(st), st.st_mtime, self.now())
+        return Meta(st.st_size, ver_of(st), st.st_mtime, self.now(), st.st_mtime <= RELEASED_MTIME)
 
     def _ver(self, path: Path) -> Ver | None:
         st = self._stat(path)

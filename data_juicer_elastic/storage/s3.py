@@ -2,27 +2,49 @@
 
 Create-once is ``PutObject If-None-Match: *`` and conditional replace
 ``If-Match: <etag>``: the store decides who wins, as ``link``/``O_EXCL`` do on
-POSIX. Ages come from one response's ``Last-Modified`` and ``Date``, both the
-store's. boto3 is imported only when a store is built (about 0.2 s, and an
-optional extra): importing this module needs nothing beyond the standard library.
+POSIX. A heartbeat (``renew``) rewrites a lease's JSON body with ``beat`` + 1
+under ``If-Match``, so every beat has a new ETag and a foreign write is seen as
+a 412; ``release`` rewrites it with ``"released": true`` and the metadata
+``x-amz-meta-dje-released: 1``, which a HEAD reads without the body. Ages come
+from one response's ``Last-Modified`` and ``Date``, both the store's. boto3 is
+imported only when a store is built (about 0.2 s, and an optional extra):
+importing this module needs nothing beyond the core's own dependencies.
 Credentials, region and endpoint follow boto3's own chain (``AWS_ENDPOINT_URL``,
 ``AWS_PROFILE``, roles ...); nothing here logs them.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Any
 
+import orjson
+
 from data_juicer_elastic.errors import UserError
+from data_juicer_elastic.storage.files import dumps_json
 from data_juicer_elastic.storage.keys import Entry, Meta, Ver, is_internal, normalise_key, normalise_prefix
 
 CLOCK_KEY = ".clock"  # HEADed (never written) for the store's Date: a 404 carries one too
 DIALECTS = ("s3",)  # oss and gcs (their own create-once headers) come with the dialect hooks
 CONFLICT_TRIES = 5  # 409 ConditionalRequestConflict: a concurrent conditional write; S3 asks for a retry
 RETRIES = {"mode": "standard", "max_attempts": 5}  # botocore's own retries of a send, bounded
+RELEASED_META = "dje-released"  # x-amz-meta-dje-released: 1 on a released lease, read by HEAD
+BEATS_KEPT = 1024  # lease bodies remembered for renew (one per lease renewed; a release forgets its own)
+
+
+@dataclass(frozen=True)
+class _Beat:
+    """A lease as this process last wrote or read it: renew's next body without a GET per beat."""
+
+    ver: Ver
+    body: dict[str, Any]
+    released: bool
+    store_time: float  # the response's Date ...
+    mono: float  # ... and this process's monotonic clock when it arrived: the writer's estimate of the store clock
 
 
 class S3Store:
@@ -33,6 +55,8 @@ class S3Store:
             raise ValueError(f"storage dialect {dialect!r} is not supported yet; supported: {', '.join(DIALECTS)}")
         self.bucket, self.prefix, self.dialect = bucket, normalise_prefix(prefix), dialect
         self.client, self._client_error = _client(endpoint_url)
+        self._beats: dict[str, _Beat] = {}  # by full key; renew threads of one process share the store
+        self._beats_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"S3Store({self.bucket!r}, {self.prefix!r}, {self.endpoint!r})"
@@ -53,6 +77,38 @@ class S3Store:
 
     def replace(self, key: str, data: bytes, if_ver: Ver | None = None) -> Ver | None:
         return self._put(self._full(normalise_key(key)), data, {} if if_ver is None else {"IfMatch": if_ver})
+
+    def renew(self, key: str, ver: Ver) -> Ver | None:
+        full = self._full(normalise_key(key))
+        beat = self._beat(full, ver)
+        if beat is None or beat.released:
+            self._forget(full)
+            return None
+        writer_time = beat.store_time + (time.monotonic() - beat.mono)  # diagnostics only: nobody ages by it
+        body = {**beat.body, "beat": _count(beat.body.get("beat")) + 1, "writer_time": round(writer_time, 3)}
+        resp = self._put_resp(full, dumps_json(body), {"IfMatch": ver})
+        if resp is None:
+            self._forget(full)
+            return None
+        new = str(resp["ETag"])
+        self._remember(full, _Beat(new, body, False, _date(resp), time.monotonic()))
+        return new
+
+    def release(self, key: str, ver: Ver | None = None) -> bool:
+        """One If-Match PUT of the body marked released; without ``ver``, the body and ETag a GET finds
+        (tried again while a beat moves the ETag in between, a few times at most)."""
+        full = self._full(normalise_key(key))
+        for _ in range(1 if ver is not None else CONFLICT_TRIES):
+            beat = self._beat(full, ver)
+            self._forget(full)
+            if beat is None:
+                return False
+            if beat.released:
+                return True
+            data = dumps_json({**beat.body, "released": True})
+            if self._put_resp(full, data, {"IfMatch": beat.ver}, {RELEASED_META: "1"}) is not None:
+                return True
+        return False
 
     def read(self, key: str) -> tuple[bytes, Meta] | None:
         got = self._get(self._full(normalise_key(key)))
@@ -102,16 +158,22 @@ class S3Store:
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def _put(self, full: str, data: bytes, condition: dict[str, str]) -> Ver | None:
-        """One conditional PUT: its ETag, or None when the precondition failed.
+        resp = self._put_resp(full, data, condition)
+        return None if resp is None else str(resp["ETag"])
+
+    def _put_resp(
+        self, full: str, data: bytes, condition: dict[str, str], metadata: dict[str, str] | None = None
+    ) -> dict[str, Any] | None:
+        """One conditional PUT: its response (ETag, Date), or None when the precondition failed.
 
         A 412 after botocore re-sent the request may be our own first send's
         success (its reply lost): the stored bytes decide, as ``_ours`` does for
         an NFS link retransmitted. A 409 is a concurrent conditional write: retried.
         """
+        extra: dict[str, Any] = {**condition, "Metadata": metadata} if metadata else dict(condition)
         for attempt in range(CONFLICT_TRIES):
             try:
-                resp = self.client.put_object(Bucket=self.bucket, Key=full, Body=data, **condition)
-                return str(resp["ETag"])
+                return dict(self.client.put_object(Bucket=self.bucket, Key=full, Body=data, **extra))
             except self._client_error as exc:
                 if _code(exc) == "ConditionalRequestConflict" and attempt + 1 < CONFLICT_TRIES:
                     time.sleep(0.05 * 2**attempt)
@@ -120,20 +182,50 @@ class S3Store:
                     if _retried(exc):
                         got = self._get(full)
                         if got is not None and got[0] == data:
-                            return str(got[1]["ETag"])
+                            return got[1]
                     return None
                 raise
         raise AssertionError("unreachable: the last try returns or raises")
 
-    def _get(self, full: str) -> tuple[bytes, dict[str, Any]] | None:
+    def _get(self, full: str, if_ver: Ver | None = None) -> tuple[bytes, dict[str, Any]] | None:
+        """A key's bytes and GET response; None when missing, or, with ``if_ver``, when its ETag moved."""
         try:
-            resp = self.client.get_object(Bucket=self.bucket, Key=full)
+            resp = self.client.get_object(Bucket=self.bucket, Key=full, **({"IfMatch": if_ver} if if_ver else {}))
         except self._client_error as exc:
-            if _missing(exc):
+            if _missing(exc) or (if_ver and _code(exc) == "PreconditionFailed"):
                 return None
             raise
         with resp["Body"] as body:
             return body.read(), resp
+
+    def _beat(self, full: str, ver: Ver | None) -> _Beat | None:
+        """The lease at ``full`` if it still has ``ver`` (any version when None): from memory, else one GET."""
+        with self._beats_lock:
+            beat = self._beats.get(full)
+        if beat is not None and ver is not None and beat.ver == ver:
+            return beat
+        got = self._get(full, ver)
+        if got is None:
+            return None
+        try:
+            body = orjson.loads(got[0])
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            raise ValueError(f"s3://{self.bucket}/{full}: renew and release take a lease (a JSON object)")
+        released = _released(got[1]) or body.get("released") is True
+        return _Beat(str(got[1]["ETag"]), body, released, _date(got[1]), time.monotonic())
+
+    def _remember(self, full: str, beat: _Beat) -> None:
+        with self._beats_lock:
+            self._beats.pop(full, None)
+            self._beats[full] = beat  # newest last, so the oldest is dropped first
+            while len(self._beats) > BEATS_KEPT:
+                del self._beats[next(iter(self._beats))]
+
+    def _forget(self, full: str) -> None:
+        with self._beats_lock:
+            self._beats.pop(full, None)
 
 
 def _client(endpoint_url: str | None) -> tuple[Any, type[Exception]]:
@@ -170,5 +262,13 @@ def _date(resp: dict[str, Any]) -> float:
     return parsedate_to_datetime(date).timestamp()
 
 
+def _released(resp: dict[str, Any]) -> bool:
+    return resp.get("Metadata", {}).get(RELEASED_META) == "1"
+
+
+def _count(beat: Any) -> int:
+    return beat if type(beat) is int else 0
+
+
 def _meta(resp: dict[str, Any], size: int) -> Meta:
-    return Meta(size, str(resp["ETag"]), resp["LastModified"].timestamp(), _date(resp))
+    return Meta(size, str(resp["ETag"]), resp["LastModified"].timestamp(), _date(resp), _released(resp))

@@ -44,6 +44,21 @@ class Store(Protocol):
         """Replace ``key`` whole; with ``if_ver`` only if it still has that version (None: it changed or went)."""
         ...
 
+    def renew(self, key: str, ver: Ver) -> Ver | None:
+        """Heartbeat a lease: the store stamps *its* now as ``modified``; the new version, or None when lost.
+
+        Lost: ``key`` no longer has ``ver`` (somebody replaced it, or it went)
+        or it was released; then nothing is written, so a lease that moved on
+        is never renewed on its new holder's behalf. A renewal within the
+        store's timestamp resolution may hand back ``ver`` itself on POSIX.
+        """
+        ...
+
+    def release(self, key: str, ver: Ver | None = None) -> bool:
+        """Give up a lease so it is claimable at once (``head`` says ``released``); False when missing,
+        or, with ``ver``, when it no longer has that version (somebody else's lease is left alone)."""
+        ...
+
     def read(self, key: str) -> tuple[bytes, Meta] | None:
         """A small key's bytes and the Meta of those very bytes; None when missing."""
         ...
