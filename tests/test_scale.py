@@ -19,17 +19,16 @@ import pytest
 
 from tests.benchmarks.bench_scale import FAST, PerShard, per_shard
 from tests.jobs import make_job
+from tests.require import require
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("strace") is None, reason="strace counts the calls (apt-get install strace)"),
-]
+pytestmark = pytest.mark.slow
 
 WORKERS = 16
 SMALL, BIG = 300, 3000  # ten times the shards: a per-claim listing of a shard folder would cost ten times more
 
 
 def _cost(tmp_path, shards: int) -> PerShard:
+    require(shutil.which("strace") is not None, "strace counts the calls (apt-get install strace)")
     job = make_job(tmp_path / f"job-{shards}", rows=shards, shards=shards, **FAST)
     cost = per_shard(job, WORKERS, tmp_path / f"traces-{shards}")
     assert set(cost.codes) == {0}, cost.codes

@@ -14,6 +14,7 @@ from data_juicer_elastic.cli import main as cli_main
 from data_juicer_elastic.worker.loop import run_worker
 
 from .jobs import REPO, env_with, make_job
+from .require import require
 from .runners import copy
 
 SHARDS = 300
@@ -72,8 +73,8 @@ def test_the_summary_never_reads_a_done_record(done_job, tmp_path):
             p.write_bytes(data)
 
 
-@pytest.mark.skipif(not shutil.which("strace"), reason="strace counts the opens")
 def test_the_summary_opens_no_done_record_and_few_files_of_the_job(done_job):
+    require(shutil.which("strace") is not None, "strace counts the opens (apt-get install strace)")
     job = done_job
     for extra, most in (((), 30), (("--json",), 30)):
         cmd = [sys.executable, "-m", "data_juicer_elastic.cli", "status", "--job-dir", str(job.root), *extra]
