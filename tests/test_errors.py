@@ -17,6 +17,7 @@ from data_juicer_elastic.prepare.pool import _portable, _relinked
 from data_juicer_elastic.prepare.shards import _ShortRead
 from data_juicer_elastic.prepare.split import TooFewRows
 from data_juicer_elastic.storage.files import disk_full_in
+from data_juicer_elastic.storage.probe import StoreRefused
 from data_juicer_elastic.worker.attempt import ShardMismatch
 from data_juicer_elastic.worker.disk_full import NoSpace
 from data_juicer_elastic.worker.fencing import Fenced
@@ -43,6 +44,7 @@ def _samples() -> list[BaseException]:
         NoSpace(Path("/job/attempts/x"), _no_space()),
         Interrupted(15),
         Fenced(),
+        StoreRefused("s3://bucket/job at http://127.0.0.1:9000 lets a second create-once write through"),
     ]
 
 
