@@ -14,7 +14,7 @@ import orjson
 
 from data_juicer_elastic.job.layout import JobDir
 
-from .jobs import REPO, write_corpus
+from .jobs import REPO, input_jsonl, write_input
 from .nodes import Node, start_node
 
 
@@ -23,11 +23,15 @@ class Cluster:
 
     def __init__(self, tmp: Path, *, rows: int = 160, shards: int = 16) -> None:
         self.tmp = tmp
-        self.dataset = write_corpus(tmp / "input" / "data.jsonl", rows)
+        self.dataset = write_input(tmp / "input", rows, shards=shards)  # JSONL or Parquet (DJE_TEST_INPUT)
         self.job = JobDir(tmp / "job")
         self.export = tmp / "out" / "merged.jsonl"
         self.shards = shards
         self.started = 0
+
+    def expected(self) -> bytes:
+        """The export an identity run must write: the input as JSONL (``tests.jobs.input_jsonl``)."""
+        return input_jsonl(self.dataset)
 
     def start(self, hosts: list[str], *args: str, run_id: str = "run-1", **env: str) -> list[Node]:
         return [self.start_one(host, *args, run_id=run_id, **env) for host in hosts]

@@ -22,13 +22,74 @@ from .reference import REPO, env_with
 __all__ = ["REPO", "env_with"]  # the one environment helper lives in reference.py; many tests import it here
 RECIPE = b"project_name: protocol-test\nprocess:\n  - whitespace_normalization_mapper: {}\n"
 
+# The input kind of the jobs ``make_job``, ``write_input`` and tests.cluster make: "jsonl" (default) or
+# "parquet", so the protocol suites (tests/chaos) run unchanged on both kinds of shard.
+INPUT_KIND = os.environ.get("DJE_TEST_INPUT", "jsonl").strip().lower() or "jsonl"
+if INPUT_KIND not in ("jsonl", "parquet"):
+    raise ValueError(f"DJE_TEST_INPUT={INPUT_KIND!r}: set jsonl or parquet")
+PARQUET_INPUT = INPUT_KIND == "parquet"
+
+
+def jsonl_only(reason: str) -> Any:
+    """Skip a test (or, as ``pytestmark``, a module) on Parquet jobs: ``reason`` says which JSONL bytes it needs.
+
+    pytest is imported here, not at the top: node and worker processes import this module too."""
+    import pytest
+
+    return pytest.mark.skipif(PARQUET_INPUT, reason=f"JSONL input only (DJE_TEST_INPUT=parquet): {reason}")
+
+
+def _corpus_rows(rows: int, width: int) -> list[dict[str, Any]]:
+    return [{"id": i, "text": f"row {i} " + "x" * (i * 7 % width)} for i in range(rows)]
+
 
 def write_corpus(path: Path, rows: int, width: int = 40) -> Path:
+    """A JSONL corpus, whatever DJE_TEST_INPUT says (``write_input`` follows it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as f:
-        for i in range(rows):
-            f.write(orjson.dumps({"id": i, "text": f"row {i} " + "x" * (i * 7 % width)}) + b"\n")
+        for row in _corpus_rows(rows, width):
+            f.write(orjson.dumps(row) + b"\n")
     return path
+
+
+def write_parquet_corpus(path: Path, rows: int, *, shards: int, width: int = 40) -> Path:
+    """``write_corpus``'s rows as one Parquet file of small row groups (about four per shard, at least one row
+    each), since prepare cuts shards at row group boundaries and ``shards`` must stay achievable."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    group = max(1, rows // (4 * max(shards, 1)))
+    pq.write_table(pa.Table.from_pylist(_corpus_rows(rows, width)), path, row_group_size=group)
+    assert pq.ParquetFile(path).metadata.num_row_groups >= min(shards, rows), path
+    return path
+
+
+def write_input(folder: Path, rows: int, *, shards: int, width: int = 40) -> Path:
+    """The input of a test job in ``folder`` (``data.jsonl`` or ``data.parquet``, per DJE_TEST_INPUT)."""
+    if PARQUET_INPUT:
+        return write_parquet_corpus(folder / "data.parquet", rows, shards=shards, width=width)
+    return write_corpus(folder / "data.jsonl", rows, width)
+
+
+_jsonl_of: dict[tuple[str, int, int], bytes] = {}
+
+
+def input_jsonl(path: Path) -> bytes:
+    """What an identity run over the input file ``path`` merges to: a JSONL file's bytes; for a Parquet file,
+    its rows read with pyarrow and written one ``orjson.dumps`` line each, as the runners write them
+    (computed once per file version). ``write_corpus`` serialises its rows the same way, so both kinds of
+    one corpus give the same bytes."""
+    if path.suffix != ".parquet":
+        return path.read_bytes()
+    import pyarrow.parquet as pq
+
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key not in _jsonl_of:
+        rows = pq.read_table(path).to_pylist()
+        _jsonl_of[key] = b"".join(orjson.dumps(row) + b"\n" for row in rows)
+    return _jsonl_of[key]
 
 
 def make_job(
@@ -41,13 +102,14 @@ def make_job(
     versions: dict[str, str] | None = None,
     **policy: Any,
 ) -> JobDir:
-    """A prepared job over a fresh corpus (in ``tmp``); fast leases so tests finish quickly.
+    """A prepared job over a fresh corpus (in ``tmp``; JSONL or Parquet, see ``write_input``); fast leases so
+    tests finish quickly.
 
     The manifest records this node's versions, as every real prepare does (``versions`` overrides them).
     """
     settings = {"lock_timeout_secs": 3.0, "heartbeat_secs": 0.5, "poll_interval_secs": 0.1, "max_retries": 2}
     settings.update(policy)
-    corpus = write_corpus(tmp / "input" / "data.jsonl", rows)
+    corpus = write_input(tmp / "input", rows, shards=shards)
     req = PrepareRequest(
         dataset_path=str(corpus),
         job_dir=str(job_dir or tmp / "job"),
@@ -56,7 +118,9 @@ def make_job(
         versions=current_versions() if versions is None else versions,
     )
     prepare(req, log=lambda *_: None)
-    return JobDir(job_dir or tmp / "job")
+    job = JobDir(job_dir or tmp / "job")
+    assert (job.manifest().parquet is not None) == PARQUET_INPUT, f"{job.root}: not a {INPUT_KIND} job"
+    return job
 
 
 def worker_cmd(job: JobDir, runner: str = "copy", *extra: str) -> list[str]:
@@ -167,11 +231,23 @@ def assert_taken_over_after_timeout(job: JobDir, sid: str, dead_attempt: int, la
 
 
 def input_bytes(job: JobDir) -> bytes:
-    """The original input file (``write_corpus``: no media keys, a final newline), which an identity run
-    must reproduce byte for byte: the expectation owes nothing to prepare's shards."""
+    """The original input file (``write_input``: no media keys, a final newline) as JSONL (``input_jsonl``),
+    which an identity run must reproduce byte for byte: the expectation owes nothing to prepare's shards."""
     path = Path(job.manifest().dataset_path)
     assert path.is_file(), f"{path}: these helpers expect a single-file corpus"
-    return path.read_bytes()
+    return input_jsonl(path)
+
+
+def shard_data(job: JobDir, sid: str) -> bytes:
+    """The JSONL an identity runner writes for shard ``sid`` (a JSONL shard's bytes, a descriptor's rows)."""
+    from .runners import shard_lines
+
+    return b"".join(shard_lines(str(job.shard_file(sid)), str(job.gen_dir)))
+
+
+def shards_data(job: JobDir) -> list[bytes]:
+    """``shard_data`` of every shard, in the manifest's order."""
+    return [shard_data(job, s.id) for s in job.manifest().shards]
 
 
 def spawn(cmd: list[str], *, log: Path | None = None, **env: str) -> subprocess.Popen:

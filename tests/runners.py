@@ -7,18 +7,50 @@ named on a ``dj-elastic worker --runner tests.runners:NAME`` command line.
 from __future__ import annotations
 
 import os
-import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+DESCRIPTOR = b'{"format":"parquet",'  # how prepare.parquet's descriptor line starts (orjson, sorted keys)
 
 
 def _shard_name(shard_path: str) -> str:
     return Path(shard_path).name.removesuffix(".jsonl")
 
 
+def shard_lines(shard_path: str, job_dir: str) -> Iterator[bytes]:
+    """The shard's rows as JSONL lines, whatever the job's input: every runner reads its shard here, so each
+    runs unchanged on a Parquet job (DJE_TEST_INPUT=parquet, tests/jobs.py).
+
+    A JSONL shard's lines are its bytes, streamed. A Parquet shard is a descriptor: its row groups are read
+    as the Ray runner reads them (``read_descriptor`` with the manifest's schema, ``job_dir`` being the
+    generation's folder) and each row written as ``orjson.dumps``, as ``parquet_rows`` does.
+    """
+    with open(shard_path, "rb") as f:
+        first = f.readline()
+        if not first.startswith(DESCRIPTOR):
+            yield first
+            yield from f
+            return
+    import orjson
+
+    from data_juicer_elastic.job.layout import JobDir
+    from data_juicer_elastic.prepare.parquet import read_descriptor, schema_of
+
+    record = JobDir(job_dir).manifest().parquet
+    if record is None:  # a JSONL job whose first row merely looks like a descriptor
+        with open(shard_path, "rb") as f:
+            yield from f
+        return
+    for table in read_descriptor(shard_path, schema_of(record)):
+        for row in table.to_pylist():
+            yield orjson.dumps(row) + b"\n"
+
+
 def copy(shard_path: str, output_path: str, job_dir: str) -> None:
-    """Identity: the output is the shard."""
-    shutil.copyfile(shard_path, output_path)
+    """Identity: the output is the shard's rows."""
+    with open(output_path, "wb") as out:
+        out.writelines(shard_lines(shard_path, job_dir))
 
 
 def _hold() -> None:
@@ -94,8 +126,8 @@ def tag(shard_path: str, output_path: str, job_dir: str) -> None:
         if os.environ.get("DJE_TEST_HOLD") or os.environ.get("DJE_TEST_SLEEP"):
             _hold()
     attempt = _attempt_of(output_path)
-    with open(shard_path, "rb") as src, open(output_path, "wb") as out:
-        for line in src:
+    with open(output_path, "wb") as out:
+        for line in shard_lines(shard_path, job_dir):
             out.write(orjson.dumps({**orjson.loads(line), "_attempt": attempt}) + b"\n")
 
 
@@ -109,7 +141,7 @@ def die_after_output(shard_path: str, output_path: str, job_dir: str) -> None:
     dying = _shard_name(shard_path) in os.environ.get("DJE_TEST_DIE_SHARDS", "").split(",")
     if not dying or _attempt_of(output_path) != "0001":
         return copy(shard_path, output_path, job_dir)
-    data = Path(shard_path).read_bytes()
+    data = b"".join(shard_lines(shard_path, job_dir))
     if os.environ.get("DJE_TEST_DIE_HALF"):
         data = data[: len(data) // 2]
     with open(output_path, "wb") as out:
@@ -188,8 +220,8 @@ def per_row(shard_path: str, output_path: str, job_dir: str) -> None:
     """
     cost = float(os.environ.get("DJE_TEST_ROW_COST", "0.01"))
     due = time.monotonic()
-    with open(shard_path, "rb") as src, open(output_path, "wb") as out:
-        for line in src:
+    with open(output_path, "wb") as out:
+        for line in shard_lines(shard_path, job_dir):
             due += cost * _row_weight(job_dir)
             time.sleep(max(due - time.monotonic(), 0.0))
             out.write(line)
@@ -208,7 +240,7 @@ def story(shard_path: str, output_path: str, job_dir: str) -> None:
     time.sleep(float(os.environ.get("DJE_TEST_UNIT", "0.2")))
     if _shard_name(shard_path) in os.environ.get("DJE_TEST_FAIL_ONCE", "").split(",") and adir.name == "0001":
         raise RuntimeError(f"injected first-attempt failure for {_shard_name(shard_path)}")
-    lines = Path(shard_path).read_bytes().splitlines(keepends=True)
+    lines = list(shard_lines(shard_path, job_dir))
     kept = lines[::2]
     Path(output_path).write_bytes(b"".join(kept))
     op = {"op": "every_other_row_filter", "kind": "Filter", "rows_in": len(lines), "rows_out": len(kept)}
@@ -219,23 +251,20 @@ def story(shard_path: str, output_path: str, job_dir: str) -> None:
 def project(shard_path: str, output_path: str, job_dir: str) -> None:
     """Tags every row with the recipe's project_name, read from the generation's recipe.yaml (job_dir)."""
     name = Path(job_dir, "recipe.yaml").read_text().split("project_name:")[1].split()[0]
-    with open(shard_path, "rb") as src, open(output_path, "wb") as out:
-        for line in src:
+    with open(output_path, "wb") as out:
+        for line in shard_lines(shard_path, job_dir):
             out.write(line.rstrip(b"\n")[:-1] + b', "project": "' + name.encode() + b'"}\n')
 
 
 def parquet_rows(shard_path: str, output_path: str, job_dir: str) -> None:
     """Identity for a Parquet job: the descriptor's row groups, read as the Ray runner reads them
-    (``prepare.parquet.read_descriptor`` with the manifest's schema), written as JSONL.
+    (``prepare.parquet.read_descriptor`` with the manifest's schema, in ``shard_lines``), written as JSONL.
 
     Leaves ``started`` and holds for shards in DJE_TEST_SLOW_SHARDS and on hosts (DJ_ELASTIC_HOSTNAME) in
     DJE_TEST_SLOW_HOSTS: until the shard's done record exists with DJE_TEST_UNTIL_DONE=1 (a straggler a
     backup beats), else as ``_hold`` does.
     """
-    import orjson
-
     from data_juicer_elastic.job.layout import JobDir
-    from data_juicer_elastic.prepare.parquet import read_descriptor, schema_of
 
     sid = _shard_name(shard_path)
     slow_shard = sid in os.environ.get("DJE_TEST_SLOW_SHARDS", "").split(",")
@@ -249,8 +278,5 @@ def parquet_rows(shard_path: str, output_path: str, job_dir: str) -> None:
                 time.sleep(0.01)
         else:
             _hold()
-    schema = schema_of(JobDir(job_dir).manifest().parquet)  # job_dir: the generation's folder
     with open(output_path, "wb") as out:
-        for table in read_descriptor(shard_path, schema):
-            for row in table.to_pylist():
-                out.write(orjson.dumps(row) + b"\n")
+        out.writelines(shard_lines(shard_path, job_dir))

@@ -24,8 +24,10 @@ from data_juicer_elastic.errors import UserError
 from data_juicer_elastic.job.manifest import Policy
 from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
 
-from ..jobs import REPO, env_with
+from ..jobs import REPO, env_with, jsonl_only
 from ..prep_helpers import request, run, text_rows, write_rows
+
+pytestmark = jsonl_only("each test writes bad JSONL by hand (Parquet input checks: tests/test_prepare_parquet.py)")
 
 GOOD = b'{"text": "ok"}\n'
 

@@ -24,8 +24,10 @@ from data_juicer_elastic.merge import merge
 from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
 from data_juicer_elastic.worker.loop import run_worker
 
-from ..jobs import RECIPE
+from ..jobs import RECIPE, jsonl_only
 from ..runners import copy
+
+pytestmark = jsonl_only("random JSONL corpora: byte-exact shard boundaries and line normalisation")
 
 # Each media path the corpora use, and what README promises it becomes ("{base}": the JSONL file's folder
 # for a file input, the dataset root for a folder): written out by hand, not derived from prepare's rule.

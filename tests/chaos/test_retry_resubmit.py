@@ -57,7 +57,7 @@ def test_retry_during_a_run_then_retry_and_resubmit(tmp_path):
     assert all(_attempt_of(c, s) == 2 for s in early)  # redone in the same run, once
     assert all(_claimed_at(c, s, 2) - retried_at < LOCK_TIMEOUT / 2 for s in early)  # not after its old lease
     _each_done_once_per_requeue(c, set(early))
-    assert c.export.read_bytes() == c.dataset.read_bytes()
+    assert c.export.read_bytes() == c.expected()
 
     late = _done(c)[-1]
     assert cli_main(["retry", "--job-dir", str(c.job.root), "--shard-id", late]) == 0
@@ -67,4 +67,4 @@ def test_retry_during_a_run_then_retry_and_resubmit(tmp_path):
     assert not [n for n in again if "nothing rewritten" in n.output]
     assert _attempt_of(c, late) == 2
     _each_done_once_per_requeue(c, {*early, late})
-    assert c.export.read_bytes() == c.dataset.read_bytes()
+    assert c.export.read_bytes() == c.expected()

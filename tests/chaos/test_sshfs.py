@@ -33,7 +33,7 @@ from ..jobs import (
     started_shard,
     takeover_delay,
     wait_for,
-    write_corpus,
+    write_input,
 )
 
 pytestmark = [pytest.mark.sshfs, pytest.mark.slow]
@@ -45,7 +45,7 @@ CACHE_SECS = 1.0  # sshfs.CACHE_OPTIONS: attr/entry/stat caches of one second
 def _job(pair, tmp_path: Path, *, rows: int, shards: int, **policy) -> tuple[JobDir, JobDir]:
     """A job prepared through node a; its JobDir as node a and as node b see it."""
     _, a, b = pair.fresh()
-    corpus = write_corpus(tmp_path / "input" / "data.jsonl", rows)
+    corpus = write_input(tmp_path / "input", rows, shards=shards)
     req = PrepareRequest(
         dataset_path=str(corpus),
         job_dir=str(a / "job"),
