@@ -25,7 +25,7 @@ from data_juicer_elastic.errors import UserError
 from data_juicer_elastic.storage import probe
 from data_juicer_elastic.storage.posix import PosixStore
 from data_juicer_elastic.storage.probe import StoreRefused, check_create_once
-from data_juicer_elastic.storage.store import Meta, Store, normalise_key, store_for
+from data_juicer_elastic.storage.store import Meta, Store, Ver, normalise_key, store_for
 from tests.s3server import s3_server
 
 pytest.importorskip("boto3")
@@ -73,13 +73,14 @@ def store(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mo
     return s3_store(monkeypatch, request.getfixturevalue("moto_env"))
 
 
-def race_to_create(store: Store, key: str, bodies: list[bytes]) -> list[str | None]:
+def race_to_create(store: Store, key: str, bodies: list[bytes], exclusive: bool = False) -> list[str | None]:
     """One thread per body, released together by a barrier, each creating ``key``: what each create returned."""
     barrier, results = threading.Barrier(len(bodies)), [None] * len(bodies)
 
     def race(i: int) -> None:
         barrier.wait()
-        results[i] = store.create(key, bodies[i])
+        meta = store.create(key, bodies[i], exclusive=exclusive)
+        results[i] = None if meta is None else meta.ver
 
     threads = [threading.Thread(target=race, args=(i,)) for i in range(len(bodies))]
     for t in threads:
@@ -89,12 +90,20 @@ def race_to_create(store: Store, key: str, bodies: list[bytes]) -> list[str | No
     return results
 
 
-def test_create_once_under_a_race(store: Store):
+def made(store: Store, key: str, data: bytes, *, exclusive: bool = False) -> Ver:
+    """Create ``key`` (it must not be there yet): the version created."""
+    meta = store.create(key, data, exclusive=exclusive)
+    assert meta is not None, key
+    return meta.ver
+
+
+@pytest.mark.parametrize("exclusive", [False, True])
+def test_create_once_under_a_race(store: Store, exclusive: bool):
     """16 threads create one key at once, 10 rounds: exactly one wins, and the key holds the winner's bytes."""
     for round_no in range(ROUNDS):
         key = f"generations/g/state/claims/part-{round_no:05d}@0001"
         bodies = [f"racer {i} of round {round_no}\n".encode() for i in range(RACERS)]
-        results = race_to_create(store, key, bodies)
+        results = race_to_create(store, key, bodies, exclusive)
         winners = [i for i, ver in enumerate(results) if ver is not None]
         assert len(winners) == 1, (round_no, results)
         got = store.read(key)
@@ -109,8 +118,59 @@ def test_create_refuses_an_existing_key_and_keeps_it(store: Store):
     assert got is not None and got[0] == b"first\n"
 
 
+def is_posix(store: Store) -> bool:
+    return isinstance(store, PosixStore)
+
+
+@pytest.mark.parametrize("exclusive", [False, True])
+def test_create_hands_back_its_version_and_stamp(store: Store, exclusive: bool):
+    """What ``claimed_at`` needs: the created key's version and its store stamp, from the create itself."""
+    key = "generations/g/state/claims/part-00000@0001"
+    created = store.create(key, LEASE, exclusive=exclusive)
+    head = store.head(key)
+    assert created is not None and head is not None
+    assert (created.ver, created.size, created.released) == (head.ver, len(LEASE), False)
+    if is_posix(store):
+        assert created.modified == head.modified  # the file's mtime
+    else:
+        assert head.modified <= created.modified <= head.store_now  # the PUT's Date; Last-Modified is truncated
+    assert created.modified <= store.now() < created.modified + CLOCK_SANITY_SECS
+    assert store.create(key, THEIRS, exclusive=exclusive) is None
+    got = store.read(key)
+    assert got is not None and got[0] == LEASE
+
+
+def test_a_held_now_ages_a_key_without_reading_the_clock(store: Store, monkeypatch: pytest.MonkeyPatch):
+    """``head``/``read`` given a ``now`` age by it (POSIX: one lstat, no clock probe); without one, a caller
+    that never asks for the age never reads the clock either (``read_lease``, ``create``)."""
+    key = "generations/g/state/claims/part-00001@0001"
+    made(store, key, LEASE)
+    t = store.now()
+
+    def no_clock() -> float:
+        raise AssertionError("the clock was read")
+
+    monkeypatch.setattr(store, "now", no_clock)
+    head = store.head(key, now=t)
+    got = store.read(key, now=t)
+    assert head is not None and got is not None
+    for meta in (head, got[1]):
+        if is_posix(store):
+            assert meta.store_now == t and meta.age == t - meta.modified
+        else:
+            assert meta.store_now >= t  # the response's own Date, never older than a reading taken before
+    plain = store.read(key)
+    assert plain is not None and plain[0] == LEASE and plain[1].ver == head.ver
+    created = store.create("generations/g/state/claims/part-00002@0001", LEASE, exclusive=True)
+    assert created is not None and created.modified > 0
+    assert store.head("generations/g/state/claims/part-00003@0001", now=t) is None
+    monkeypatch.undo()
+    late = store.head(key)
+    assert late is not None and 0.0 <= late.age < CLOCK_SANITY_SECS  # asked for: read then
+
+
 def test_replace_with_a_stale_version_changes_nothing(store: Store):
-    v1 = store.create("state/progress.json", b"one\n")
+    v1 = made(store, "state/progress.json", b"one\n")
     assert v1 is not None
     v2 = store.replace("state/progress.json", b"two\n", if_ver=v1)
     assert v2 is not None and v2 != v1
@@ -132,7 +192,7 @@ def test_replace_creates_a_missing_key(store: Store):
 
 def test_read_and_head_agree(store: Store):
     data = b'{"rows": 3}\n'
-    ver = store.create("generations/g/state/done/part-00001-of-00002.json", data)
+    ver = made(store, "generations/g/state/done/part-00001-of-00002.json", data)
     got = store.read("generations/g/state/done/part-00001-of-00002.json")
     meta = store.head("generations/g/state/done/part-00001-of-00002.json")
     assert got is not None and meta is not None
@@ -168,7 +228,7 @@ def test_list_returns_exactly_the_keys_under_a_prefix(store: Store):
 
 
 def test_delete(store: Store):
-    v1 = store.create("retry/part-00003.json", b"one\n")
+    v1 = made(store, "retry/part-00003.json", b"one\n")
     assert v1 is not None
     v2 = store.replace("retry/part-00003.json", b"two\n")
     assert store.delete("retry/part-00003.json", if_ver=v1) is False  # stale: nothing removed
@@ -201,7 +261,7 @@ def body_of(store: Store, key: str) -> dict:
 
 def test_renew_stamps_the_store_clock_and_moves_the_version(store: Store):
     key = "generations/g/state/claims/part-00000@0001"
-    v1 = store.create(key, LEASE)
+    v1 = made(store, key, LEASE)
     m1 = store.head(key)
     assert v1 is not None and m1 is not None and not m1.released
     wait_for_the_clock_to_pass(store, m1.modified)
@@ -218,7 +278,7 @@ def test_renew_stamps_the_store_clock_and_moves_the_version(store: Store):
 
 def test_renew_with_a_stale_version_is_lost_and_writes_nothing(store: Store):
     key = "generations/g/state/claims/part-00000@0001"
-    v1 = store.create(key, LEASE)
+    v1 = made(store, key, LEASE)
     assert v1 is not None
     v2 = store.renew(key, v1)
     assert v2 is not None
@@ -233,10 +293,54 @@ def test_renew_with_a_stale_version_is_lost_and_writes_nothing(store: Store):
     assert store.head(key) is None
 
 
+def test_posix_renew_compares_the_bytes_not_the_inode(tmp_path: Path):
+    """sshfs may number one file differently over time: a lease with the same bytes is still ours (as the
+    refresher has always compared); another lease of the same size and mtime is not. Another process, with
+    no bytes remembered, renews by the version's size and mtime."""
+    store, key = PosixStore(tmp_path), "claims/part-00000@0001"
+    ver = made(store, key, LEASE, exclusive=True)
+    path = store.path(key)
+    st = os.lstat(path)
+
+    def put_in_place(data: bytes) -> None:  # a new inode, with the old mtime
+        tmp = tmp_path / "claims" / ".renumbered"
+        tmp.write_bytes(data)
+        os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
+        os.replace(tmp, path)
+
+    put_in_place(LEASE)
+    assert os.lstat(path).st_ino != st.st_ino and store.head(key).ver != ver  # type: ignore[union-attr]
+    ver = store.renew(key, ver)
+    assert ver is not None and store.head(key).ver == ver  # type: ignore[union-attr]
+    other = PosixStore(tmp_path)  # another process: nothing remembered
+    ver = other.renew(key, ver)
+    assert ver is not None and path.read_bytes() == LEASE
+    st = os.lstat(path)
+    forged = LEASE.replace(b"node-a", b"node-x")
+    assert len(forged) == len(LEASE)
+    put_in_place(forged)
+    assert other.renew(key, ver) is None  # the bytes it renewed differ now
+    assert path.read_bytes() == forged and os.lstat(path).st_mtime_ns == st.st_mtime_ns  # nothing written
+
+
+def test_posix_head_sees_a_planted_link_without_following_it(tmp_path: Path):
+    """A link named like a lease keeps the name taken and ages by its own mtime; its target is never read,
+    renewed or released (claims.py always read lease names so)."""
+    store, key = PosixStore(tmp_path), "claims/part-00000@0002"
+    outside = tmp_path / "outside.json"
+    outside.write_bytes(THEIRS)
+    (tmp_path / "claims").mkdir()
+    store.path(key).symlink_to(outside)
+    head = store.head(key)
+    assert head is not None and head.modified == os.lstat(store.path(key)).st_mtime
+    assert store.read(key) is None and store.create(key, LEASE, exclusive=True) is None
+    assert store.renew(key, head.ver) is None and outside.read_bytes() == THEIRS
+
+
 def test_release(store: Store):
     key = "generations/g/state/claims/part-00003@0002"
     assert store.release(key) is False  # nothing there
-    v1 = store.create(key, LEASE)
+    v1 = made(store, key, LEASE)
     assert v1 is not None
     v2 = store.replace(key, THEIRS)
     assert store.release(key, v1) is False  # somebody else's lease now: left alone
@@ -257,7 +361,7 @@ def test_release(store: Store):
 
 def test_release_without_a_version(store: Store):
     key = "generations/g/state/claims/part-00004@0001"
-    v1 = store.create(key, LEASE)
+    v1 = made(store, key, LEASE)
     assert v1 is not None and store.renew(key, v1) is not None
     assert store.release(key) is True
     meta = store.head(key)
@@ -285,7 +389,7 @@ def test_keys_are_confined(store: Store, bad: str):
 
 def test_keys_are_normalised(store: Store):
     assert normalise_key("a//b/./c/") == "a/b/c"
-    ver = store.create("a//b/./c", b"x")
+    ver = made(store, "a//b/./c", b"x")
     meta = store.head("a/b/c")
     assert meta is not None and meta.ver == ver
     assert [e.key for e in store.list("./a/")] == ["a/b/c"]
@@ -330,7 +434,7 @@ def test_s3_create_resent_after_its_own_success_is_ours(moto_env: dict[str, str]
     """The first send created the key, its reply was lost; the resend gets 412: the stored bytes say it is ours."""
     store = s3_store(monkeypatch, moto_env)
     sends = force_one_resend(store)
-    ver = store.create("done/x.json", b"ours\n")
+    ver = made(store, "done/x.json", b"ours\n")
     assert sends[:2] == [1, 2]  # it was sent twice
     meta = store.head("done/x.json")
     assert ver is not None and meta is not None and ver == meta.ver
@@ -339,7 +443,7 @@ def test_s3_create_resent_after_its_own_success_is_ours(moto_env: dict[str, str]
 def test_s3_replace_resent_after_its_own_success_is_ours(moto_env: dict[str, str], monkeypatch: pytest.MonkeyPatch):
     """The If-Match replace landed, its reply was lost; the resend gets 412 (the ETag moved, by us): resolved alike."""
     store = s3_store(monkeypatch, moto_env)
-    v1 = store.create("state/progress.json", b"one\n")
+    v1 = made(store, "state/progress.json", b"one\n")
     sends = force_one_resend(store)
     v2 = store.replace("state/progress.json", b"two\n", if_ver=v1)
     assert sends[:2] == [1, 2]
@@ -364,7 +468,7 @@ def test_s3_renew_counts_beats_and_release_marks_the_metadata(
     store, with nothing remembered, renews through one GET; release sets ``x-amz-meta-dje-released``."""
     store = s3_store(monkeypatch, moto_env)
     key = "claims/part-00000@0001"
-    ver = store.create(key, LEASE)
+    ver = made(store, key, LEASE)
     vers = [ver]
     for _ in range(3):
         ver = store.renew(key, ver)
@@ -385,7 +489,7 @@ def test_s3_renew_counts_beats_and_release_marks_the_metadata(
 def test_s3_renew_resent_after_its_own_success_is_ours(moto_env: dict[str, str], monkeypatch: pytest.MonkeyPatch):
     """A beat landed, its reply was lost; the resend's 412 is our own ETag move: the beat is not lost."""
     store = s3_store(monkeypatch, moto_env)
-    v1 = store.create("claims/part-00000@0001", LEASE)
+    v1 = made(store, "claims/part-00000@0001", LEASE)
     assert v1 is not None
     sends = force_one_resend(store)
     v2 = store.renew("claims/part-00000@0001", v1)
@@ -396,7 +500,7 @@ def test_s3_renew_resent_after_its_own_success_is_ours(moto_env: dict[str, str],
 
 def test_s3_renew_refuses_a_body_that_is_not_a_lease(moto_env: dict[str, str], monkeypatch: pytest.MonkeyPatch):
     store = s3_store(monkeypatch, moto_env)
-    ver = store.create("state/numbers.txt", b"1 2 3\n")
+    ver = made(store, "state/numbers.txt", b"1 2 3\n")
     assert ver is not None
     with pytest.raises(ValueError, match=r"state/numbers\.txt"):
         store.renew("state/numbers.txt", ver)

@@ -24,6 +24,13 @@ so a lease whose body does not (yet) say so is an ordinary takeover. Attempt
 (``is_current``), and that is only claimed once neither of them is live
 (``live_pair``).
 
+Every lease operation goes through a ``PosixStore`` on the job root (keys
+relative to it: ``generations/<gen>/state/claims/<shard>@<n>``), the interface
+an object store will stand behind (docs/OBJECT_STORE.md), with the system
+calls of old: an age is one lstat aged by a ``now`` the caller holds, a claim
+is O_EXCL + write (``create(exclusive=True)``), and its store stamp is
+``claimed_at``.
+
 Nothing here lists the claims folder on the hot path: a shard's latest
 attempt is found by probing ``<shard>@0001``, ``@0002``, ... until one is
 missing (``latest_attempt``; bounded by retries plus backups). Before it
@@ -45,12 +52,25 @@ import orjson
 
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.records.workers import WorkerLedger
-from data_juicer_elastic.storage.files import create_exclusive, dumps_json, publish_once, server_now, touch
+from data_juicer_elastic.storage.files import dumps_json
 from data_juicer_elastic.storage.host import holder_gone, hostname, identity
+from data_juicer_elastic.storage.posix import RELEASED_MTIME, PosixStore
 from data_juicer_elastic.storage.refresher import LeaseRefresher
+from data_juicer_elastic.storage.store import Ver
 
 SEP = "@"
-RELEASED_MTIME = 1  # a released lease's mtime; anything at or below it reads as released
+__all__ = [
+    "RELEASED_MTIME",
+    "ClaimStore",
+    "Lease",
+    "claim_store",
+    "heartbeat",
+    "lease_backup_of",
+    "lease_key",
+    "lease_name",
+    "parse_lease_name",
+    "read_lease",
+]
 
 
 @dataclass(frozen=True)
@@ -84,7 +104,9 @@ class ClaimStore:
         self.lock_timeout = lock_timeout
         self.host = host
         self.pid = os.getpid() if pid is None else pid
-        self._probe = job.clock_dir / f"{host}-{self.pid}"
+        clock = (job.clock_dir / f"{host}-{self.pid}").relative_to(job.root).as_posix()
+        self.store = PosixStore(job.root, clock_key=clock)  # its own clock probe, as each worker always had
+        self._vers: dict[str, Ver] = {}  # lease key -> the version this process last created or renewed
         self._ledger: WorkerLedger | None = None
         self._holders: dict[tuple[str, int], dict] = {}  # lease bodies read so far (a lease's body never changes)
         self._gone: set[tuple[str, int]] = set()  # leases whose holder was proven gone (it stays gone)
@@ -107,7 +129,7 @@ class ClaimStore:
     # views ----------------------------------------------------------------
     def now(self) -> float:
         """The shared filesystem's clock."""
-        return server_now(self._probe)
+        return self.store.now()
 
     def latest_attempts(self) -> dict[str, int]:
         """Highest attempt number per shard, from one directory listing."""
@@ -125,12 +147,16 @@ class ClaimStore:
         only grow by one, so the first missing number ends the probe.
         """
         n = start
-        while os.path.lexists(self.lease_path(shard, n + 1)):
+        while self.store.head(self.key(shard, n + 1)) is not None:  # one lstat each, no clock
             n += 1
         return n
 
     def lease_path(self, shard: str, attempt: int) -> Path:
         return self.job.claims_dir / lease_name(shard, attempt)
+
+    def key(self, shard: str, attempt: int) -> str:
+        """The lease's key in ``self.store`` (relative to the job root)."""
+        return lease_key(self.job, shard, attempt)
 
     def heartbeat_age(self, shard: str, attempt: int, now: float) -> float | None:
         """Seconds since the lease was renewed (inf if released); None if it vanished.
@@ -138,11 +164,10 @@ class ClaimStore:
         A symlink in the claims folder is not followed: no worker makes one, and
         following it would let any file outside the job dir keep a shard "live".
         """
-        try:
-            mtime = os.lstat(self.lease_path(shard, attempt)).st_mtime
-        except FileNotFoundError:
+        meta = self.store.head(self.key(shard, attempt), now=now)  # one lstat, aged by the caller's clock reading
+        if meta is None:
             return None
-        return float("inf") if mtime <= RELEASED_MTIME else now - mtime
+        return float("inf") if meta.released else meta.age
 
     def is_live(self, shard: str, attempt: int, now: float) -> bool:
         """Renewed within ``lock_timeout``, and not held by a process of this host that is provably gone."""
@@ -160,7 +185,7 @@ class ClaimStore:
             return True
         body = self._holders.get(key)
         if body is None:
-            body = read_lease(self.job, shard, attempt)
+            body = self.read_lease(shard, attempt)
             if not body or "pid" not in body:  # being written (create, then write) or unreadable: prove nothing
                 return False
             self._holders[key] = body = {k: body.get(k) for k in ("host", "pid", "start", "boot")}
@@ -172,11 +197,11 @@ class ClaimStore:
         return False
 
     def read_lease(self, shard: str, attempt: int) -> dict | None:
-        return read_lease(self.job, shard, attempt)
+        return _lease_body(self.store, self.key(shard, attempt))
 
     def backup_of(self, shard: str, attempt: int) -> int | None:
         """The attempt that lease ``attempt`` backs up, or None for an ordinary (or unreadable) lease."""
-        return lease_backup_of(self.job, shard, attempt)
+        return _backup_of(self.read_lease(shard, attempt), attempt)
 
     def live_pair(self, shard: str, latest: int, now: float) -> bool:
         """Is the shard held live: its latest lease, or, when that is a backup, the attempt it backs up?"""
@@ -189,13 +214,12 @@ class ClaimStore:
         """Take attempt ``current + 1`` of ``shard``; the caller judged ``current`` free or stale."""
         attempt = current + 1
         token = uuid.uuid4().hex
-        path = self.lease_path(shard, attempt)
         body = {"shard": shard, "attempt": attempt, "host": self.host, "token": token, **self._identity()}
         self.ledger.hold(shard, attempt)  # on disk before the lease: a crash from here on leaves a trace
-        if not create_exclusive(path, dumps_json(body)):
+        lease = self._create(shard, attempt, token, body, exclusive=True)  # O_EXCL + write: the name is the claim
+        if lease is None:
             self.ledger.drop(shard, attempt)
             return None
-        lease = Lease(shard, attempt, self.host, self.pid, token, path, _mtime(path))
         if not self.is_current(lease):  # what we looked at was old: a later attempt already exists
             self.ledger.drop(shard, attempt)
             return None
@@ -205,17 +229,26 @@ class ClaimStore:
         """Take attempt ``original + 1`` as a backup of the live attempt ``original``."""
         attempt = original + 1
         token = uuid.uuid4().hex
-        path = self.lease_path(shard, attempt)
         body = {"shard": shard, "attempt": attempt, "host": self.host, "token": token, **self._identity()}
         self.ledger.hold(shard, attempt)
-        if not publish_once(path, dumps_json({**body, "backup_of": original})):  # appears whole
+        lease = self._create(shard, attempt, token, {**body, "backup_of": original}, exclusive=False)  # whole
+        if lease is None:
             self.ledger.drop(shard, attempt)
             return None
-        lease = Lease(shard, attempt, self.host, self.pid, token, path, _mtime(path), backup_of=original)
         if not self.is_current(lease):
             self.ledger.drop(shard, attempt)
             return None
         return lease
+
+    def _create(self, shard: str, attempt: int, token: str, body: dict, *, exclusive: bool) -> Lease | None:
+        """Create the lease's key: the Lease, stamped with the create's own store time, or None when taken."""
+        key = self.key(shard, attempt)
+        meta = self.store.create(key, dumps_json(body), exclusive=exclusive)
+        if meta is None:
+            return None
+        self._vers[key] = meta.ver
+        path, of = self.lease_path(shard, attempt), body.get("backup_of")
+        return Lease(shard, attempt, self.host, self.pid, token, path, meta.modified, backup_of=of)
 
     def _identity(self) -> dict:
         """What a lease records of its holder: the pid, and this process's start time and boot id when the
@@ -229,14 +262,20 @@ class ClaimStore:
         A backup of this very attempt does not fence it: only the attempt after the backup does.
         """
         nxt = lease.attempt + 1
-        if not self.lease_path(lease.shard, nxt).exists():
+        if self.store.head(self.key(lease.shard, nxt)) is None:
             return True
         if self.backup_of(lease.shard, nxt) != lease.attempt:
             return False
-        return not self.lease_path(lease.shard, nxt + 1).exists()
+        return self.store.head(self.key(lease.shard, nxt + 1)) is None
 
-    def renew(self, lease: Lease) -> None:
-        touch(lease.path)
+    def renew(self, lease: Lease) -> bool:
+        """One heartbeat by hand (the refresher beats on its own); False once the lease is lost or released."""
+        key = self.key(lease.shard, lease.attempt)
+        ver = self._vers.get(key) or _ver_now(self.store, key)
+        new = None if ver is None else self.store.renew(key, ver)
+        if new is not None:
+            self._vers[key] = new
+        return new is not None
 
     def release(self, lease: Lease) -> None:
         """Make the shard claimable at once (a released mtime reads as infinitely stale)."""
@@ -244,10 +283,9 @@ class ClaimStore:
 
     def release_attempt(self, shard: str, attempt: int) -> None:
         """Release attempt ``attempt``'s lease, whoever made it (the caller knows it holds nothing)."""
-        try:
-            os.utime(self.lease_path(shard, attempt), (RELEASED_MTIME, RELEASED_MTIME))
-        except FileNotFoundError:
-            pass
+        key = self.key(shard, attempt)
+        self.store.release(key)  # one utime; a lease that is gone needs nothing
+        self._vers.pop(key, None)
 
 
 def claim_store(job: JobDir, host: str | None = None) -> ClaimStore:
@@ -255,28 +293,39 @@ def claim_store(job: JobDir, host: str | None = None) -> ClaimStore:
     return ClaimStore(job, lock_timeout=job.manifest().policy.lock_timeout_secs, host=host or hostname())
 
 
+def lease_key(job: JobDir, shard: str, attempt: int) -> str:
+    """A lease's store key: its path relative to the job root."""
+    return f"{job.claims_dir.relative_to(job.root).as_posix()}/{lease_name(shard, attempt)}"
+
+
 def read_lease(job: JobDir, shard: str, attempt: int) -> dict | None:
     """A lease file's body (not following a symlink), or None."""
+    return _lease_body(PosixStore(job.root), lease_key(job, shard, attempt))
+
+
+def lease_backup_of(job: JobDir, shard: str, attempt: int) -> int | None:
+    """The attempt that lease ``attempt`` backs up, or None for an ordinary (or unreadable) lease."""
+    return _backup_of(read_lease(job, shard, attempt), attempt)
+
+
+def _lease_body(store: PosixStore, key: str) -> dict | None:
+    """The JSON object a lease holds; None when missing, a link, unreadable or not one (no age: no clock read)."""
     try:
-        fd = os.open(job.claims_dir / lease_name(shard, attempt), os.O_RDONLY | os.O_NOFOLLOW)
-        with open(fd, "rb") as f:
-            data = orjson.loads(f.read(1 << 16))
+        got = store.read(key)
+        data = None if got is None else orjson.loads(got[0])
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
 
 
-def lease_backup_of(job: JobDir, shard: str, attempt: int) -> int | None:
-    """The attempt that lease ``attempt`` backs up, or None for an ordinary (or unreadable) lease."""
-    of = (read_lease(job, shard, attempt) or {}).get("backup_of")
+def _backup_of(body: dict | None, attempt: int) -> int | None:
+    of = (body or {}).get("backup_of")
     return of if type(of) is int and of == attempt - 1 else None
 
 
-def _mtime(path: Path) -> float:
-    try:
-        return os.lstat(path).st_mtime
-    except OSError:
-        return 0.0  # unknown: pacing then ignores this attempt
+def _ver_now(store: PosixStore, key: str) -> Ver | None:
+    meta = store.head(key)  # the version only: its clock is never read
+    return None if meta is None else meta.ver
 
 
 def heartbeat(

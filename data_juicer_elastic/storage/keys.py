@@ -7,7 +7,9 @@ Kept apart from ``store.py`` so the backends can import them while
 from __future__ import annotations
 
 import posixpath
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
 
 Ver = str
 """An opaque version of a key's content: compare for equality, pass back as ``if_ver``, never parse it."""
@@ -17,8 +19,11 @@ Ver = str
 class Meta:
     """One key's size and version, and its age on the store's own clock.
 
-    ``modified`` and ``store_now`` come from the same response (POSIX: one
-    stat, then the clock probe), so ``age`` never mixes in a node's clock.
+    ``modified`` and ``store_now`` are both the store's (S3: one response's
+    ``Last-Modified`` and ``Date``; POSIX: one stat, then the clock the caller
+    passed or a probe). ``clock`` is that reading, or how to take it: POSIX
+    probes its clock (5 calls) only when ``store_now`` is first asked for, so
+    a caller that needs no age, or holds a ``now`` already, pays nothing.
     ``released``: the key was given up by ``Store.release`` (a lease that is
     claimable at once, whatever its age).
     """
@@ -26,8 +31,12 @@ class Meta:
     size: int
     ver: Ver
     modified: float
-    store_now: float
+    clock: float | Callable[[], float] = field(repr=False, compare=False)
     released: bool = False
+
+    @cached_property
+    def store_now(self) -> float:
+        return float(self.clock) if isinstance(self.clock, int | float) else self.clock()
 
     @property
     def age(self) -> float:

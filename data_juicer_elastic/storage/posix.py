@@ -1,10 +1,13 @@
 """``PosixStore``: the storage interface on a shared POSIX directory, by today's ``files.py`` primitives.
 
 Nothing here changes how a file is written: ``create`` is ``publish_once``
-(temp + link: whole bytes or nothing, first writer wins), ``replace`` is
+(temp + link: whole bytes or nothing, first writer wins) or, ``exclusive``,
+``create_exclusive`` (O_EXCL + write: a lease), ``replace`` is
 ``atomic_write`` (temp + fsync + rename), ``now`` is ``server_now`` (the file
-server's clock), ``renew`` is ``touch`` (the file server stamps the write) and
+server's clock), ``renew`` rewrites a byte as ``touch`` does (the file server stamps the write) and
 ``release`` sets the mtime to ``RELEASED_MTIME``. Folders are made on demand, since a key implies its parents.
+Each call is the system calls ``job/claims.py`` made by hand before (tests/test_scale.py counts them): an age
+is one lstat when the caller holds ``now``, and a read or create probes the clock only if its age is asked for.
 """
 
 from __future__ import annotations
@@ -12,15 +15,18 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
-from data_juicer_elastic.storage.files import atomic_write, publish_once, server_now, touch
+from data_juicer_elastic.storage.files import atomic_write, create_exclusive, is_disk_full, publish_once, server_now
 from data_juicer_elastic.storage.keys import Entry, Meta, Ver, is_internal, normalise_key, normalise_prefix
 
 CLOCK_KEY = ".clock"  # the file ``now`` touches: internal (never listed), one per store
 RELEASED_MTIME = 1  # a released lease's mtime, at or below it reads as released (sshfs turns 0 into "now")
+LEASE_BYTES = 1 << 16  # leases are small: renew compares at most this much
+LEASES_KEPT = 1024  # lease bytes remembered for renew (one per lease created or renewed here)
 
 T = TypeVar("T")
 
@@ -33,8 +39,11 @@ def ver_of(st: os.stat_result) -> Ver:
 class PosixStore:
     """The job dir as a folder on a POSIX file system every node mounts."""
 
-    def __init__(self, root: str | os.PathLike) -> None:
+    def __init__(self, root: str | os.PathLike, clock_key: str = CLOCK_KEY) -> None:
         self.root = Path(root)
+        self.clock_key = normalise_key(clock_key)  # a process may keep its own probe (claims.py: one per worker)
+        self._leases: dict[str, tuple[Ver, bytes]] = {}  # key -> a version renew handed out, and the bytes it had
+        self._leases_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"PosixStore({str(self.root)!r})"
@@ -46,11 +55,14 @@ class PosixStore:
         """The file that holds ``key`` (normalised and confined)."""
         return self.root / normalise_key(key)
 
-    def create(self, key: str, data: bytes) -> Ver | None:
+    def create(self, key: str, data: bytes, *, exclusive: bool = False) -> Meta | None:
         path = self.path(key)
-        if not _in_folder(path, lambda: publish_once(path, data)):
+        write = create_exclusive if exclusive else publish_once
+        if not _in_folder(path, lambda: write(path, data)):
             return None
-        return ver_of(os.lstat(path))
+        meta = self._meta(os.lstat(path), None)
+        self._remember(normalise_key(key), meta.ver, data)
+        return meta
 
     def replace(self, key: str, data: bytes, if_ver: Ver | None = None) -> Ver | None:
         path = self.path(key)
@@ -60,15 +72,45 @@ class PosixStore:
         return ver_of(os.lstat(path))
 
     def renew(self, key: str, ver: Ver) -> Ver | None:
-        path = self.path(key)
-        st = self._stat(path)
-        if st is None or ver_of(st) != ver or st.st_mtime <= RELEASED_MTIME:
-            return None  # replaced, touched by another, gone or released: lost, and left as it is
+        """Rewrite the first byte in place (the file server stamps the write; utime would send the node's clock).
+
+        Lost unless the file still holds the bytes ``ver`` had: remembered from
+        this store's create or last renew, else (another process's version)
+        its size and mtime must match ``ver``'s, the inode left out, since
+        sshfs may renumber one file. One open: fstat, pread, pwrite, fstat.
+        """
+        norm = normalise_key(key)
         try:
-            touch(path)  # a write, so the file server stamps its own clock (utime would send the node's)
-        except FileNotFoundError:
+            fd = os.open(self.root / norm, os.O_RDWR | os.O_NOFOLLOW)
+        except (FileNotFoundError, NotADirectoryError):
             return None
-        return self._ver(path)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return None  # a link: no lease is one
+            raise
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_mtime <= RELEASED_MTIME:
+                return None  # released (or not a file): lost, and left as it is
+            with self._leases_lock:
+                known = self._leases.get(norm)
+            data = os.pread(fd, LEASE_BYTES, 0)
+            if known is not None and known[0] == ver:
+                if data != known[1]:
+                    return None  # another lease stands there now
+            elif not _same_but_inode(ver, st):
+                return None  # replaced, rewritten or touched since ``ver``
+            try:
+                os.pwrite(fd, data[:1] or b"\n", 0)
+            except OSError as exc:
+                if not is_disk_full(exc):
+                    raise
+                os.utime(fd, None)  # as touch does: a full disk still lets the lease live
+            new = ver_of(os.fstat(fd))
+        finally:
+            os.close(fd)
+        self._remember(norm, new, data or b"\n")
+        return new
 
     def release(self, key: str, ver: Ver | None = None) -> bool:
         path = self.path(key)
@@ -80,7 +122,7 @@ class PosixStore:
             return False
         return True
 
-    def read(self, key: str) -> tuple[bytes, Meta] | None:
+    def read(self, key: str, now: float | None = None) -> tuple[bytes, Meta] | None:
         try:
             fd = os.open(self.path(key), os.O_RDONLY | os.O_NOFOLLOW)
         except (FileNotFoundError, NotADirectoryError):
@@ -98,11 +140,16 @@ class PosixStore:
                 chunks.append(chunk)
         finally:
             os.close(fd)
-        return b"".join(chunks), self._meta(st)
+        return b"".join(chunks), self._meta(st, now)
 
-    def head(self, key: str) -> Meta | None:
-        st = self._stat(self.path(key))
-        return None if st is None else self._meta(st)
+    def head(self, key: str, now: float | None = None) -> Meta | None:
+        """One lstat. What occupies the name, not followed: a planted link keeps the name taken (a create
+        there fails) and ages by its own mtime, as claims.py always read it; a folder is no key."""
+        try:
+            st = os.lstat(self.path(key))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        return None if stat.S_ISDIR(st.st_mode) else self._meta(st, now)
 
     def delete(self, key: str, if_ver: Ver | None = None) -> bool:
         path = self.path(key)
@@ -128,11 +175,21 @@ class PosixStore:
         yield from sorted(found, key=lambda e: e.key.encode())  # S3's order: by the key's UTF-8 bytes
 
     def now(self) -> float:
-        return server_now(self.root / CLOCK_KEY)
+        return server_now(self.root / self.clock_key)
 
-    def _meta(self, st: os.stat_result) -> Meta:
-        # stat first, clock second: the age can only come out a little larger, never negative
-        return Meta(st.st_size, ver_of(st), st.st_mtime, self.now(), st.st_mtime <= RELEASED_MTIME)
+    def _meta(self, st: os.stat_result, now: float | None) -> Meta:
+        # stat first, clock second (when not given): the age can only come out a little larger, never negative
+        clock = self.now if now is None else now
+        return Meta(st.st_size, ver_of(st), st.st_mtime, clock, st.st_mtime <= RELEASED_MTIME)
+
+    def _remember(self, key: str, ver: Ver, data: bytes) -> None:
+        if len(data) >= LEASE_BYTES:
+            return  # no lease: renew would compare only its first LEASE_BYTES
+        with self._leases_lock:
+            self._leases.pop(key, None)
+            self._leases[key] = (ver, data)  # newest last, so the oldest is dropped first
+            while len(self._leases) > LEASES_KEPT:
+                del self._leases[next(iter(self._leases))]
 
     def _ver(self, path: Path) -> Ver | None:
         st = self._stat(path)
@@ -146,6 +203,11 @@ class PosixStore:
         except (FileNotFoundError, NotADirectoryError):
             return None
         return st if stat.S_ISREG(st.st_mode) else None
+
+
+def _same_but_inode(ver: Ver, st: os.stat_result) -> bool:
+    """Does ``st`` have ``ver``'s mtime and size (``ver_of``'s last two parts)?"""
+    return ver.split("-", 1)[-1] == f"{st.st_mtime_ns}-{st.st_size}"
 
 
 def _in_folder(path: Path, write: Callable[[], T]) -> T:

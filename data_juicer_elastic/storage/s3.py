@@ -72,8 +72,11 @@ class S3Store:
     def describe(self) -> str:
         return f"{self.url} (endpoint {self.endpoint})"
 
-    def create(self, key: str, data: bytes) -> Ver | None:
-        return self._put(self._full(normalise_key(key)), data, {"IfNoneMatch": "*"})
+    def create(self, key: str, data: bytes, *, exclusive: bool = False) -> Meta | None:
+        """One ``If-None-Match: *`` PUT (``exclusive`` changes nothing: a PUT is whole either way); its
+        ``modified`` is the response's ``Date``, the store's clock at the write (a PUT has no Last-Modified)."""
+        resp = self._put_resp(self._full(normalise_key(key)), data, {"IfNoneMatch": "*"})
+        return None if resp is None else _meta(resp, len(data))
 
     def replace(self, key: str, data: bytes, if_ver: Ver | None = None) -> Ver | None:
         return self._put(self._full(normalise_key(key)), data, {} if if_ver is None else {"IfMatch": if_ver})
@@ -110,11 +113,13 @@ class S3Store:
                 return True
         return False
 
-    def read(self, key: str) -> tuple[bytes, Meta] | None:
+    def read(self, key: str, now: float | None = None) -> tuple[bytes, Meta] | None:
+        """One GET; ``now`` is not needed: the response's own ``Date`` ages the key (fresher, and free)."""
         got = self._get(self._full(normalise_key(key)))
         return None if got is None else (got[0], _meta(got[1], len(got[0])))
 
-    def head(self, key: str) -> Meta | None:
+    def head(self, key: str, now: float | None = None) -> Meta | None:
+        """One HEAD, aged by its own ``Date`` (``now`` is not needed)."""
         try:
             resp = self.client.head_object(Bucket=self.bucket, Key=self._full(normalise_key(key)))
         except self._client_error as exc:
@@ -271,4 +276,7 @@ def _count(beat: Any) -> int:
 
 
 def _meta(resp: dict[str, Any], size: int) -> Meta:
-    return Meta(size, str(resp["ETag"]), resp["LastModified"].timestamp(), _date(resp), _released(resp))
+    """A GET's or HEAD's Meta; a PUT's response has no Last-Modified: the write is stamped at its ``Date``."""
+    date = _date(resp)
+    modified = resp["LastModified"].timestamp() if "LastModified" in resp else date
+    return Meta(size, str(resp["ETag"]), modified, date, _released(resp))

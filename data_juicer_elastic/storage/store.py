@@ -31,12 +31,17 @@ class Store(Protocol):
         """Where the store is, as messages name it (a path; an s3:// URL and its endpoint)."""
         ...
 
-    def create(self, key: str, data: bytes) -> Ver | None:
-        """Write ``data`` at ``key`` unless a key is there: its version, or None when somebody else's is.
+    def create(self, key: str, data: bytes, *, exclusive: bool = False) -> Meta | None:
+        """Write ``data`` at ``key`` unless a key is there: its Meta, or None when somebody else's is.
 
-        A key that already holds exactly ``data`` may count as this call's own
-        (a resent request whose first send landed; an NFS link retransmitted),
-        so bodies that must tell writers apart carry a unique token.
+        The Meta's ``modified`` is the store's stamp of the create (a lease's
+        ``claimed_at``) at no extra request. A key that already holds exactly
+        ``data`` may count as this call's own (a resent request whose first
+        send landed; an NFS link retransmitted), so bodies that must tell
+        writers apart carry a unique token. ``exclusive``: for small records
+        whose existence, not content, is the claim (leases): POSIX creates the
+        name first and writes after (``O_EXCL``, fewer calls than temp + link),
+        so a reader may briefly see it empty; S3 sends the same one PUT.
         """
         ...
 
@@ -47,10 +52,12 @@ class Store(Protocol):
     def renew(self, key: str, ver: Ver) -> Ver | None:
         """Heartbeat a lease: the store stamps *its* now as ``modified``; the new version, or None when lost.
 
-        Lost: ``key`` no longer has ``ver`` (somebody replaced it, or it went)
-        or it was released; then nothing is written, so a lease that moved on
-        is never renewed on its new holder's behalf. A renewal within the
-        store's timestamp resolution may hand back ``ver`` itself on POSIX.
+        Lost: ``key`` no longer holds what ``ver`` named (S3: its ETag moved;
+        POSIX: its bytes differ, as the refresher has always compared, since
+        sshfs may renumber an inode) or it was released, or it went; then
+        nothing is written, so a lease that moved on is never renewed on its
+        new holder's behalf. A renewal within the store's timestamp resolution
+        may hand back ``ver`` itself on POSIX.
         """
         ...
 
@@ -59,12 +66,16 @@ class Store(Protocol):
         or, with ``ver``, when it no longer has that version (somebody else's lease is left alone)."""
         ...
 
-    def read(self, key: str) -> tuple[bytes, Meta] | None:
-        """A small key's bytes and the Meta of those very bytes; None when missing."""
+    def read(self, key: str, now: float | None = None) -> tuple[bytes, Meta] | None:
+        """A small key's bytes and the Meta of those very bytes; None when missing.
+
+        ``now``: a reading of ``now()`` the caller holds, to age the key by
+        (POSIX then needs no clock probe; S3's response carries its own ``Date``).
+        """
         ...
 
-    def head(self, key: str) -> Meta | None:
-        """Size, version and age of ``key`` without its bytes; None when missing."""
+    def head(self, key: str, now: float | None = None) -> Meta | None:
+        """Size, version and age of ``key`` without its bytes; None when missing. ``now`` as for ``read``."""
         ...
 
     def delete(self, key: str, if_ver: Ver | None = None) -> bool:
