@@ -13,9 +13,11 @@ import signal
 import sys
 
 if __name__ == "__main__" or os.path.basename(sys.argv[0]) == "dj-elastic":
-    # Stopped while still importing, before a command's own handling is in place: exit 128+N all the same.
+    # Stopped while still importing, before a command's own handling is in place: exit 128+N all the same,
+    # at once. Nothing is held yet; and a SystemExit raised here can land in a callback whose exceptions
+    # Python only prints (an import lock's weakref callback), which lost the stop: the worker ran on, exit 0.
     def _stopped_while_starting(signum: int, _frame: object) -> None:
-        raise SystemExit(128 + signum)
+        os._exit(128 + signum)
 
     for _sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(_sig, _stopped_while_starting)

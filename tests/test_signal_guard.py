@@ -14,6 +14,8 @@ import functools
 import logging
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -103,3 +105,28 @@ def test_a_stop_that_lands_in_the_fork_hook_of_a_library_imported_later_is_defer
     assert received() == signal.SIGHUP
     assert dje_locking_library.lock.acquire(timeout=2), "the library's lock was left held"
     dje_locking_library.lock.release()
+
+
+START_STOP = """
+import os, signal, sys, time
+sys.argv[0] = "dj-elastic"
+import data_juicer_elastic.cli  # installs the start-up handler, as the console script does
+
+class Stopped:
+    def __del__(self):  # Python only prints what a __del__ raises: a SystemExit raised here is lost
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(1000):
+            time.sleep(0.001)
+
+obj = Stopped()
+del obj
+print("still running after SIGTERM", flush=True)
+"""
+
+
+def test_a_stop_while_starting_exits_143_even_inside_a_callback_python_only_prints():
+    """``dj-elastic`` stopped before a command's handling is in place exits 128+N at once: an import lock's
+    weakref callback swallowed the SystemExit the start-up handler raised, and a worker ran on (exit 0)."""
+    done = subprocess.run([sys.executable, "-c", START_STOP], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 128 + signal.SIGTERM, (done.returncode, done.stdout, done.stderr[-2000:])
+    assert "still running" not in done.stdout
