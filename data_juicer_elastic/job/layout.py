@@ -48,6 +48,7 @@ from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.job.attempt_files import AttemptDir
 from data_juicer_elastic.job.manifest import LEGACY_SCHEMA, Manifest, Policy, ShardSpec, manifest_digest
 from data_juicer_elastic.storage.files import create_exclusive, read_json
+from data_juicer_elastic.storage.posix import PosixStore
 
 SHARD_ID_RE = re.compile(r"^part-(\d{5,})-of-(\d{5,})$")
 GENERATION_RE = re.compile(r"^[0-9a-f]{16}$")
@@ -118,6 +119,18 @@ class JobDir:
         self._raw: Manifest | None = None
         self._gen_dir: Path | None = None  # checked once: a generation's folder is never removed
         self.shared_link_check = shared_link_check  # a worker: shards/ is listed once per change, by one process
+        self._store: PosixStore | None = None
+
+    @property
+    def store(self) -> PosixStore:
+        """The job dir as a Store (keys relative to ``root``): the records moved off paths go through it."""
+        if self._store is None:
+            self._store = PosixStore(self.root)
+        return self._store
+
+    def key(self, path: Path) -> str:
+        """``path`` (inside the job dir) as a store key: relative to ``root``, '/'-separated."""
+        return path.relative_to(self.root).as_posix()
 
     # generations ----------------------------------------------------------
     @property
@@ -276,6 +289,14 @@ class JobDir:
 
     def failed_path(self, sid: str) -> Path:
         return self.failed_dir / f"{sid}.json"
+
+    def done_key(self, sid: str) -> str:
+        """The done record's store key (``done_path`` relative to the job root)."""
+        return self.key(self.done_path(sid))
+
+    def failed_key(self, sid: str) -> str:
+        """The failed record's store key (``failed_path`` relative to the job root)."""
+        return self.key(self.failed_path(sid))
 
     def done_ids(self) -> set[str]:
         """Shards with a done record (one directory listing)."""

@@ -28,9 +28,9 @@ from pathlib import Path
 
 from data_juicer_elastic import merge as merge_mod
 from data_juicer_elastic.job.layout import SHARD_ID_RE, JobDir
-from data_juicer_elastic.job.records import done as done_mod
 from data_juicer_elastic.prepare import driver as driver_mod
 from data_juicer_elastic.prepare import staging as staging_mod
+from data_juicer_elastic.storage import posix as posix_mod
 from data_juicer_elastic.worker import attempt as attempt_mod
 from data_juicer_elastic.worker.loop import run_worker
 
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
 
         attempt_mod.inspect_output = inspect_then_die
     elif a.point == "published":
-        publish = done_mod.publish_once
+        publish = posix_mod.publish_once  # under the store's create: the done record is published through it
 
         def publish_then_die(path, data):
             won = publish(path, data)
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                 _die()
             return won
 
-        done_mod.publish_once = publish_then_die
+        posix_mod.publish_once = publish_then_die
     else:
         job = JobDir(a.job_dir)
         if a.point == "copy":

@@ -18,10 +18,10 @@ from data_juicer_elastic.errors import UserError
 from data_juicer_elastic.job.claims import claim_store
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.manifest import Policy
-from data_juicer_elastic.job.records import done as done_mod
 from data_juicer_elastic.merge import verify
 from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
 from data_juicer_elastic.status import job_status
+from data_juicer_elastic.storage import posix as posix_mod
 from data_juicer_elastic.storage.files import disk_full_in
 from data_juicer_elastic.worker.budget import failure_count
 from data_juicer_elastic.worker.loop import run_worker
@@ -127,17 +127,19 @@ def test_disk_full_during_an_attempt_then_space_is_freed(tmp_path, small_disk):
 
 def test_disk_full_when_publishing_the_done_record(tmp_path, monkeypatch):
     job = make_job(tmp_path, rows=40, shards=4)
-    real = done_mod.publish_once
+    real = posix_mod.publish_once  # what the store's create runs on POSIX
 
     def full(path, data):
+        if Path(path).parent.name != "done":
+            return real(path, data)
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(done_mod, "publish_once", full)
+    monkeypatch.setattr(posix_mod, "publish_once", full)
     result = run_worker(job.root, copy, log=lambda *_: None)
     assert result.exit_code == 2 and NO_SPACE in result.message and str(job.done_dir) in result.message
     _nothing_failed(job)
     assert not os.listdir(job.done_dir)
-    monkeypatch.setattr(done_mod, "publish_once", real)
+    monkeypatch.setattr(posix_mod, "publish_once", real)
     assert run_worker(job.root, copy, log=lambda *_: None).exit_code == 0
     check_done_exactly_once(job)
     merge_and_check(job, tmp_path / "merged.jsonl")

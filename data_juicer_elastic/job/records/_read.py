@@ -8,6 +8,8 @@ from typing import Any
 
 import orjson
 
+from data_juicer_elastic.storage.posix import PosixStore
+
 MISSING = object()
 
 
@@ -29,6 +31,13 @@ def load_object(path: Path) -> Any:
         return orjson.loads(read_bytes(path))
     except FileNotFoundError:
         return MISSING
+
+
+def load_key(store: PosixStore, key: str) -> Any:
+    """The parsed JSON at ``key`` in ``store``; ``MISSING`` when there is none (a link is none). Raises
+    OSError/ValueError. The records moved onto the Store read through this, the rest by path (``load_object``)."""
+    got = store.read(key)
+    return MISSING if got is None else orjson.loads(got[0])
 
 
 def number_or_none(value: Any) -> float | None:

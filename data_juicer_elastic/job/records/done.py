@@ -2,8 +2,11 @@
 
 Written once by the worker after it re-read the output (``publish_done``);
 read, with every field checked, by merge, verify, status and coordination
-(``load_done``). Its ``output`` is a path relative to the job directory; it
-is confined (no escape by ``..`` or links) when opened (``output_path``).
+(``load_done``). Both go through the job's Store (``JobDir.store``, key
+``done_key``): on POSIX a create is ``publish_once`` (temp + link) and a read
+opens without following a link, so a planted link reads as no record. Its
+``output`` is a path relative to the job directory; it is confined (no
+escape by ``..`` or links) when opened (``output_path``).
 """
 
 from __future__ import annotations
@@ -16,13 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from data_juicer_elastic.errors import IntegrityError
 from data_juicer_elastic.job.attempt_files import AttemptDir
 from data_juicer_elastic.job.layout import JobDir, attempt_name
-from data_juicer_elastic.job.records._read import MISSING, int_or, load_object, number_or_none, read_bytes
-from data_juicer_elastic.storage.files import dumps_json, publish_once
+from data_juicer_elastic.job.records._read import MISSING, int_or, load_key, number_or_none
+from data_juicer_elastic.storage.files import dumps_json
 
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
@@ -76,38 +77,42 @@ def expected_output(job: JobDir, shard: str, attempt: int) -> str:
 
 
 def publish_done(job: JobDir, record: DoneRecord) -> bool:
-    """Publish the shard's done record unless one is there already; True if this call did."""
-    return publish_once(job.done_path(record.shard), dumps_json(record.to_dict()))
+    """Publish the shard's done record unless one is there already; True if this call did.
+
+    Create-once on the store: a record already holding these very bytes counts as this call's (an NFS
+    LINK retransmitted after it landed, an S3 PUT resent), which the worker's unique fields make ours alone.
+    """
+    return job.store.create(job.done_key(record.shard), dumps_json(record.to_dict())) is not None
 
 
 def load_done(job: JobDir, shard: str) -> DoneRecord | None:
     """The shard's done record, checked; None when there is none yet. Raises IntegrityError."""
-    path = job.done_path(shard)
     try:
-        raw = load_object(path)
+        raw = load_key(job.store, job.done_key(shard))
     except (OSError, ValueError) as exc:
         raise IntegrityError(
-            f"{path}: unreadable done record ({exc}); restore it or archive it and rerun {shard}"
+            f"{job.done_path(shard)}: unreadable done record ({exc}); restore it or archive it and rerun {shard}"
         ) from exc
-    return None if raw is MISSING else _checked(job, shard, raw, path)
+    return None if raw is MISSING else _checked(job, shard, raw, job.done_path(shard))
 
 
 def load_done_many(job: JobDir, shards: Iterable[str]) -> dict[str, DoneRecord | IntegrityError]:
     """Many done records at once (status, report): each shard's checked record, or why it was refused.
 
-    The same checks as ``load_done``, with the paths built once as strings: on
-    100,000 shards the per-record path objects cost more than the reads.
-    A shard without a record is left out.
+    The same checks as ``load_done``, with the keys and paths built once as
+    strings: on 100,000 shards the per-record path objects cost more than the
+    reads. A shard without a record is left out.
     """
+    store, folder = job.store, job.key(job.done_dir)
     done_dir = f"{job.done_dir}{os.sep}"
     attempts = f"{job.relative(job.attempts_dir)}{os.sep}"
     found: dict[str, DoneRecord | IntegrityError] = {}
     for shard in shards:
-        path = f"{done_dir}{shard}.json"
+        path = f"{done_dir}{shard}.json"  # for messages only
         try:
-            raw = orjson.loads(read_bytes(path))
-        except FileNotFoundError:
-            continue
+            raw = load_key(store, f"{folder}/{shard}.json")
+            if raw is MISSING:
+                continue
         except (OSError, ValueError) as exc:
             found[shard] = IntegrityError(
                 f"{path}: unreadable done record ({exc}); restore it or archive it and rerun {shard}"

@@ -4,7 +4,8 @@ Published once by the worker (``publish_failed``); its presence stops the job.
 Read by the worker, coordination and status through ``load_failed``, which
 never raises: a failed record that was edited still fails the job, so every
 field it cannot trust reads as unknown, and its ``log`` path is confined
-before it is shown (``failure_message``).
+before it is shown (``failure_message``). Both go through the job's Store
+(``JobDir.store``, key ``failed_key``), as the done record does.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from typing import Any
 
 from data_juicer_elastic.errors import IntegrityError, one_line
 from data_juicer_elastic.job.layout import JobDir
-from data_juicer_elastic.job.records._read import MISSING, int_or, load_object, number_or_none
-from data_juicer_elastic.storage.files import dumps_json, publish_once
+from data_juicer_elastic.job.records._read import MISSING, int_or, load_key, number_or_none
+from data_juicer_elastic.storage.files import dumps_json
 
 
 @dataclass(frozen=True)
@@ -36,13 +37,13 @@ class FailedRecord:
 
 def publish_failed(job: JobDir, record: FailedRecord) -> bool:
     """Publish the shard's terminal failure unless one is there already."""
-    return publish_once(job.failed_path(record.shard), dumps_json(record.to_dict()))
+    return job.store.create(job.failed_key(record.shard), dumps_json(record.to_dict())) is not None
 
 
 def load_failed(job: JobDir, shard: str) -> FailedRecord | None:
     """The shard's failed record, None if there is none; fields it cannot trust read as None."""
     try:
-        raw = load_object(job.failed_path(shard))
+        raw = load_key(job.store, job.failed_key(shard))
     except (OSError, ValueError):
         raw = {}
     if raw is MISSING:
