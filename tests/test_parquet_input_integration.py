@@ -5,6 +5,7 @@ the JSONL output and the Parquet output, rows compared by id with that run's JSO
 from __future__ import annotations
 
 import json
+from datetime import datetime, timedelta, timezone
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -26,6 +27,7 @@ def _table(start: int, n: int) -> pa.Table:
                 "meta": None if i % 6 == 0 else {"src": f"s{i % 3}", "w": i * 0.25, "note": None if i % 4 else "n"},
                 "tags": None if i % 5 == 0 else [f"t{j}" for j in range(i % 4)],
                 "score": None if i % 7 == 0 else i / 3,
+                "seen": None if i % 8 == 0 else datetime(2024, 1, 1, tzinfo=timezone.utc) + timedelta(seconds=i * 37),
             }
         )
     return pa.Table.from_pylist(rows)
@@ -84,5 +86,5 @@ def test_parquet_folder_matches_one_ray_run(tmp_path):
     expected = {i: {**source[i], **{k: ref[i][k] for k in added if k in ref[i]}} for i in ids}
     problems = [d for i in ids for d in differences(got[i], expected[i], f"id={i}")]
     assert not problems, json.dumps(problems[:10], default=str)
-    for name in ("meta", "tags", "id", "text", "score"):  # the input's own types, as the files hold them
+    for name in ("meta", "tags", "id", "text", "score", "seen"):  # the input's own types, as the files hold them
         assert table.schema.field(name).type == pq.read_schema(data / "a.parquet").field(name).type, name
