@@ -81,14 +81,9 @@ class PosixStore:
         sshfs may renumber one file. One open: fstat, pread, pwrite, fstat.
         """
         norm = normalise_key(key)
-        try:
-            fd = os.open(self.root / norm, os.O_RDWR | os.O_NOFOLLOW)
-        except (FileNotFoundError, NotADirectoryError):
+        fd = _open_unlinked(str(self.root / norm), os.O_RDWR)  # a link: no lease is one
+        if fd is None:
             return None
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                return None  # a link: no lease is one
-            raise
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_mtime <= RELEASED_MTIME:
@@ -124,14 +119,9 @@ class PosixStore:
         return True
 
     def read(self, key: str, now: float | None = None) -> tuple[bytes, Meta] | None:
-        try:
-            fd = os.open(os.path.join(self._root, normalise_key(key)), os.O_RDONLY | os.O_NOFOLLOW)
-        except (FileNotFoundError, NotADirectoryError):
+        fd = _open_unlinked(os.path.join(self._root, normalise_key(key)), os.O_RDONLY)  # a link: no key is one
+        if fd is None:
             return None
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                return None  # a link: no key is one
-            raise
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
@@ -218,3 +208,15 @@ def _in_folder(path: Path, write: Callable[[], T]) -> T:
     except FileNotFoundError:
         path.parent.mkdir(parents=True, exist_ok=True)
         return write()
+
+
+def _open_unlinked(path: str, flags: int) -> int | None:
+    """A descriptor on ``path`` itself, never through a symbolic link; None when nothing (or a link) is there."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return None
+        raise
