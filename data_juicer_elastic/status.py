@@ -13,7 +13,7 @@ from data_juicer_elastic.job.manifest import Manifest
 from data_juicer_elastic.job.records.attempt import load_attempt
 from data_juicer_elastic.job.records.done import DoneRecord, load_done_many
 from data_juicer_elastic.job.records.failed import load_failed
-from data_juicer_elastic.job.records.retry import read_requeued
+from data_juicer_elastic.job.records.retry import read_requeued, summed_by_records
 from data_juicer_elastic.job.records.workers import read_workers
 from data_juicer_elastic.worker.speculation import RateBook, late_attempt
 
@@ -231,12 +231,9 @@ def _done_totals(job: JobDir, done: set[str]) -> _DoneTotals:
             if isinstance(rec, DoneRecord) and rec.worker == r.worker and (sid, rec.attempt) in named:
                 totals.add(rec.host, 1, rec.rows, rec.error_rows, rec.started_at, rec.finished_at)
                 counted += 1
-    by_worker = {r.worker: r for r in records}
-    for a in read_requeued(job)[0]:  # a retried done shard: its publisher's ``published`` still sums it
-        r = by_worker.get(a.worker)
-        if r is not None and (a.shard, a.attempt) not in r.pairs:
-            totals.add(r.host, -1, -a.rows, -a.error_rows, None, None)
-            counted -= 1
+    for a, r in summed_by_records(read_requeued(job)[0], records):  # retried done shards still summed
+        totals.add(r.host, -1, -a.rows, -a.error_rows, None, None)
+        counted -= 1
     if counted == len(done):
         return totals
     totals = _DoneTotals()

@@ -49,8 +49,8 @@ from data_juicer_elastic.job.claims import ClaimStore
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.records._read import int_or, number_or_none
 from data_juicer_elastic.job.records.attempt import load_attempt
-from data_juicer_elastic.job.records.retry import Archived, read_requeued
-from data_juicer_elastic.job.records.workers import read_small, read_workers, replace_small
+from data_juicer_elastic.job.records.retry import Archived, read_requeued, summed_by_records
+from data_juicer_elastic.job.records.workers import WorkerRecord, read_small, read_workers, replace_small
 from data_juicer_elastic.storage.files import create_exclusive
 from data_juicer_elastic.worker.lanes import fresh_left, probed_fresh_left
 
@@ -150,7 +150,7 @@ def build(job: JobDir, store: ClaimStore, previous: Snapshot | None = None, lean
                 latest[sid] = max(latest.get(sid, 0), attempt)
                 owner.setdefault((sid, attempt), {})[r.worker] = (r.host, r.pid)
     archived, requeued = read_requeued(job)
-    _subtract_archived(snap, archived, {r.worker: set(r.pairs) for r in records}, rows)
+    _subtract_archived(snap, archived, records, rows)
     for sid, after in requeued.items():
         if sid in rows and sid not in latest:
             latest[sid] = after
@@ -224,14 +224,11 @@ def _add_done(snap: Snapshot, done: dict, rows: int, size: int) -> None:
         snap.last_finish = end if snap.last_finish is None else max(snap.last_finish, end)
 
 
-def _subtract_archived(snap: Snapshot, archived: list[Archived], pairs: dict[str, set], rows: dict[str, int]) -> None:
-    """Take out the archived publications a worker record's ``published`` sums: its worker's record is
-    readable and no longer names the pair (a record still naming it counts it only through its done record,
-    which is gone; an unreadable one sums nothing)."""
-    for a in archived:
-        held = pairs.get(a.worker)
-        if held is None or (a.shard, a.attempt) in held or a.shard not in rows:
-            continue
+def _subtract_archived(
+    snap: Snapshot, archived: list[Archived], records: list[WorkerRecord], rows: dict[str, int]
+) -> None:
+    """Take out the archived publications a worker record's ``published`` still sums."""
+    for a, _ in summed_by_records([a for a in archived if a.shard in rows], records):
         snap.done -= 1
         snap.input_rows_done -= rows[a.shard]
         snap.output_rows -= a.rows

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import orjson
@@ -24,7 +25,7 @@ from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.records._read import MISSING, int_or, load_object
 from data_juicer_elastic.job.records.attempt import load_attempt
 from data_juicer_elastic.job.records.done import load_done
-from data_juicer_elastic.job.records.workers import read_small
+from data_juicer_elastic.job.records.workers import WorkerRecord, read_small
 from data_juicer_elastic.storage.files import atomic_write, dumps_json
 
 
@@ -78,6 +79,20 @@ def read_requeued(job: JobDir) -> tuple[list[Archived], dict[str, int]]:
         if type(after) is int:
             found[name[:-5]] = after
     return archived, found
+
+
+def summed_by_records(archived: list[Archived], records: list[WorkerRecord]) -> Iterator[tuple[Archived, WorkerRecord]]:
+    """The archived publications a worker record's ``published`` still sums, each with that record.
+
+    Its worker's record is readable and no longer names the pair: a record still naming it counts it only
+    through its done record, which retry moved away, and an unreadable record sums nothing. Counts built
+    from the records (the sweep, ``status``) take these out again.
+    """
+    by_worker = {r.worker: r for r in records}
+    for a in archived:
+        r = by_worker.get(a.worker)
+        if r is not None and (a.shard, a.attempt) not in r.pairs:
+            yield a, r
 
 
 def write_retry(job: JobDir, record: RetryRecord, stamp: str) -> None:
