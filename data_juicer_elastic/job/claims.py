@@ -300,7 +300,7 @@ def lease_key(job: JobDir, shard: str, attempt: int) -> str:
 
 def read_lease(job: JobDir, shard: str, attempt: int) -> dict | None:
     """A lease file's body (not following a symlink), or None."""
-    return _lease_body(PosixStore(job.root), lease_key(job, shard, attempt))
+    return _lease_body(job.store, lease_key(job, shard, attempt))
 
 
 def lease_backup_of(job: JobDir, shard: str, attempt: int) -> int | None:
