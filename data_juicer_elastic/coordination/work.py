@@ -154,7 +154,7 @@ class AfterPrepare:
         return self.snapshots().get().complete
 
     def stall_message(self, done: set[str]) -> str:
-        shards = [s.id for s in self.job.manifest().shards]
+        shards = self.job.manifest().shards.ids()
         left = [s for s in shards if s not in done]
         seen = self.run.member_hosts()
         done_by = _hosts_of(self.job, done)
