@@ -1,7 +1,8 @@
 """The job directory: its layout, its generations, and path confinement.
 
     <job_dir>/
-      manifest.json                 immutable once published: input, row rules, shards
+      manifest.json                 immutable once published: input, row rules, the shards' rows and bytes
+      shards/_table.jsonl           the rest of each shard's facts, a line each (job.shard_table)
       shards/part-00000-of-00016.jsonl
       current.json                  the generation the latest submission works on
       runs/<run-key>/               coordination state of one submission (elections, abort, members)
