@@ -86,6 +86,7 @@ class ShardTable(Sequence[ShardSpec]):
 
     def __init__(self, rows: array, sizes: array, blocks: Any) -> None:
         self.rows, self.bytes, self._blocks = rows, sizes, blocks
+        self._index: tuple[dict[str, Any], bytes] | None = None  # made once: seal and write both need it
 
     @classmethod
     def of(cls, specs: Sequence[ShardSpec]) -> ShardTable:
@@ -110,6 +111,11 @@ class ShardTable(Sequence[ShardSpec]):
 
     def index(self) -> tuple[dict[str, Any], bytes]:
         """manifest.json's ``shard_table`` record and the table file's bytes (prepare writes both)."""
+        if self._index is None:
+            self._index = self._make_index()
+        return self._index
+
+    def _make_index(self) -> tuple[dict[str, Any], bytes]:
         ends, digests, data = [], [], bytearray()
         specs = self._blocks.specs()
         for b in range(0, len(specs), BLOCK):
