@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from data_juicer_elastic import parquet_out
+from data_juicer_elastic import parquet_out, s3_export
 from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.folder_export import (
     SUCCESS,
@@ -103,7 +103,8 @@ def verify(job: JobDir, *, expect_nodes: int | None = None, check_content: bool 
     if complete and expect_nodes is not None and len(hosts) < expect_nodes:
         problems.append(f"only {len(hosts)} host(s) completed shards, {expect_nodes} expected")
     exported = read_record(job.merge_record_path)
-    if check_content and exported.get("kind") == "folder" and isinstance(exported.get("output"), str):
+    folder = exported.get("kind") == "folder" and isinstance(exported.get("output"), str)
+    if check_content and folder and not s3_export.is_s3(exported["output"]):
         problems += verify_folder(exported["output"])  # the latest export, re-read against its _SUCCESS
     return VerifyReport(checks, hosts, complete, not problems, problems)
 
@@ -151,6 +152,8 @@ def merge(
     fmt = output_format(job, output)
     if is_folder_export(output):
         return _export(job, output, overwrite, log, fmt)
+    if s3_export.is_s3(output):
+        return _merge_to_s3(job, output, overwrite, log, fmt, progress)
     started, started_at = time.monotonic(), time.time()
     out = Path(os.path.abspath(output))
     _check_target(out, overwrite)
@@ -188,16 +191,60 @@ def merge(
     return MergeResult(str(out), rows, size, seconds, len(records))
 
 
-def _export(job: JobDir, output: str, overwrite: bool, log: Callable[[str], Any], fmt: str) -> MergeResult:
-    """The folder export: part files linked from the attempt outputs, ``_SUCCESS`` last, then merge.json."""
+def _merge_to_s3(
+    job: JobDir, output: str, overwrite: bool, log: Callable[[str], Any], fmt: str, progress: bool | None
+) -> MergeResult:
+    """One object at an s3:// URL (``s3_export``): JSONL streamed into one multipart upload as it is checked;
+    Parquet written locally (in the generation folder), then uploaded. merge.json names URL, size, ETag."""
     started, started_at = time.monotonic(), time.time()
-    folder = Path(os.path.abspath(output))
+    url = s3_export.location(output)
+    records = _all_done(job)
+    parts = [(r.shard, *parquet_out.shard_parquet(r, path)) for r, path in records] if fmt == PARQUET else []
+    total = sum(m["bytes"] for _, _, m in parts) if parts else sum(r.bytes for r, _ in records)
+    bar = ProgressBar(total, "merge", progress)
+    try:
+        if fmt == PARQUET:
+            tmp = temp_name(job.gen_dir / "merged.parquet")
+            try:
+                rows = parquet_out.write_merged(parts, tmp, lambda n: bar.update(n))[0]
+                stamp = s3_export.upload_local(tmp, url, overwrite)
+            finally:
+                unlink_quietly(tmp)
+            sha = None
+        else:
+            with s3_export.open_upload(url, overwrite, total) as upload:
+                rows, _, sha = _copy_all(records, upload, bar)
+                stamp = s3_export.complete(upload, url)
+    finally:
+        bar.close()
+    seconds = time.monotonic() - started
+    _record(job, url, records, rows, stamp.size, sha, started_at, seconds, fmt=fmt, stamp=stamp)
+    mb = stamp.size / 1e6
+    log(
+        f"merged {len(records)} shards, {rows:,} rows, {mb:,.1f} MB in {seconds:.2f} s "
+        f"({mb / max(seconds, 1e-9):,.1f} MB/s) into {url}"
+    )
+    return MergeResult(url, rows, stamp.size, seconds, len(records))
+
+
+def _export(job: JobDir, output: str, overwrite: bool, log: Callable[[str], Any], fmt: str) -> MergeResult:
+    """The folder export: part files linked from the attempt outputs, ``_SUCCESS`` last, then merge.json.
+    To an s3:// prefix: the same export staged in the generation folder, then uploaded (``s3_export``)."""
+    started, started_at = time.monotonic(), time.time()
+    remote = s3_export.is_s3(output)
+    folder = s3_export.location(output)
     records = _all_done(job)
     try:
         exporter = export_parquet_folder if fmt == PARQUET else export_folder
-        done = exporter(records, folder, overwrite=overwrite, log=log)
+        staged = s3_export.staging_folder(job.gen_dir) if remote else Path(folder)
+        done = exporter(records, staged, overwrite=overwrite or remote, log=log)
+        stamp = s3_export.upload_folder(staged, folder, overwrite, log).stamp if remote else None
+        if remote:
+            s3_export.drop_staging(staged)
         seconds = time.monotonic() - started
-        _record(job, folder, records, done.rows, done.bytes, None, started_at, seconds, kind="folder", fmt=fmt)
+        _record(
+            job, folder, records, done.rows, done.bytes, None, started_at, seconds, kind="folder", fmt=fmt, stamp=stamp
+        )
     except OSError as exc:
         if full := disk_full_in(exc):
             doing = f"exporting part files (the export is complete once {SUCCESS} is there)"
@@ -219,21 +266,26 @@ def merged_already(job: JobDir, output: str) -> dict | None:
     replacement changes them). What killed merges left beside it is cleared.
     """
     record = read_record(job.merge_record_path)
-    out = os.path.abspath(output)
+    out = s3_export.location(output)
     stat = record.get("output_stat")
     if record.get("output") != out or not isinstance(stat, dict) or not isinstance(record.get("shards"), list):
         return None
     folder = record.get("kind") == "folder"
     if folder != is_folder_export(output) or record.get("format", JSONL) != output_format(job, output):
         return None
-    try:
-        st = _stat_of(_stamped(out, folder))
-    except OSError:
-        return None
-    if folder:
-        remove_dead_temps_in(out)
+    if s3_export.is_s3(out):
+        st = s3_export.stamp_of(out, folder)
+        if st is None:
+            return None
     else:
-        remove_dead_temps(out)
+        try:
+            st = _stat_of(_stamped(out, folder))
+        except OSError:
+            return None
+        if folder:
+            remove_dead_temps_in(out)
+        else:
+            remove_dead_temps(out)
     if st != {k: stat.get(k) for k in st}:
         return None
     merged = [(s.get("shard"), s.get("attempt"), s.get("sha256")) for s in record["shards"] if isinstance(s, dict)]
@@ -378,7 +430,7 @@ def _stat_of(path: str | Path) -> dict[str, int]:
 
 def _record(
     job: JobDir,
-    out: Path,
+    out: Path | str,
     records: list[Done],
     rows: int,
     size: int,
@@ -387,9 +439,12 @@ def _record(
     seconds: float,
     kind: str = "file",
     fmt: str = JSONL,
+    stamp: s3_export.Stamp | None = None,
 ) -> None:
     """merge.json: what was written (a folder export, a Parquet file: no whole-output sha256; a folder's
-    ``_SUCCESS`` lists each part's); ``format``: jsonl or parquet, so a rerun asking for the other is no match."""
+    ``_SUCCESS`` lists each part's); ``format``: jsonl or parquet, so a rerun asking for the other is no match.
+    An s3:// output is stamped by its size and ETag (a folder's: its ``_SUCCESS``'s), its VersionId beside."""
+    remote = {} if stamp is None else {"etag": stamp.etag, "version_id": stamp.version_id}
     atomic_write(
         job.merge_record_path,
         dumps_json(
@@ -400,7 +455,8 @@ def _record(
                 "rows": rows,
                 "bytes": size,
                 "sha256": sha,
-                "output_stat": _stat_of(_stamped(out, kind == "folder")),
+                "output_stat": stamp.record() if stamp else _stat_of(_stamped(out, kind == "folder")),
+                **remote,
                 "shards": [shard_entry(r) for r, _ in records],
                 "started_at": started_at,
                 "finished_at": time.time(),

@@ -102,6 +102,16 @@ def s3_server(bucket: str = "dje-test", strip: Iterable[str] = (), latency_ms: f
                 pipe.close()
 
 
+def use_env(monkeypatch: Any, env: dict[str, str]) -> None:
+    """Point boto3's standard chain at the server and nothing else (no profile, config or credential file)."""
+    for name in ("AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+
 def _first_line(proc: subprocess.Popen) -> str:
     """The server's first line of output, or "" if it said nothing within START_SECS (a thread waits)."""
     got: list[str] = []

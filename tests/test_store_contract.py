@@ -26,7 +26,7 @@ from data_juicer_elastic.storage import probe
 from data_juicer_elastic.storage.posix import PosixStore
 from data_juicer_elastic.storage.probe import Capabilities, StoreRefused, check_create_once, probe_store
 from data_juicer_elastic.storage.store import Meta, Store, Ver, normalise_key, store_for
-from tests.s3server import s3_server
+from tests.s3server import s3_server, use_env
 
 pytest.importorskip("boto3")
 pytest.importorskip("moto")
@@ -56,16 +56,6 @@ def moto_env_no_if_match() -> Iterator[dict[str, str]]:
     """A server whose middleware strips If-Match: a store that ignores conditional replaces."""
     with s3_server(BUCKET, strip=["If-Match"]) as env:
         yield env
-
-
-def use_env(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> None:
-    """Point boto3's standard chain at the server and nothing else (no profile, config or credential file)."""
-    for name in ("AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_REGION"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
 
 
 def s3_store(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> Store:

@@ -19,17 +19,17 @@ elections themselves do (``RunDir``).
 from __future__ import annotations
 
 import hashlib
-import os
 
 from data_juicer_elastic.coordination.rundir import EXIT_OK, RunDir, read_outcome
 from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.s3_export import location
 
 RESULT = "finalize.result.json"
 
 
 def finalize_key(job: JobDir, export_path: str) -> str:
     """sha256 of the export path, the retry records and the current merge record."""
-    digest = hashlib.sha256(os.path.abspath(export_path).encode())
+    digest = hashlib.sha256(location(export_path).encode())
     store = job.store
     retry = job.key(job.retry_dir)
     for entry in store.list(retry):  # in key order: the same on every process

@@ -31,6 +31,7 @@ from data_juicer_elastic.plugin.validation import recipe_keys
 from data_juicer_elastic.prepare.driver import PrepareRequest
 from data_juicer_elastic.prepare.existing import prepared_shard_count
 from data_juicer_elastic.prepare.inputs import discover
+from data_juicer_elastic.s3_export import location
 from data_juicer_elastic.watch import ProgressTicker
 
 AUTO_SHARD_BYTES = 256 << 20  # num_shards "auto": at most about this much input per shard
@@ -139,7 +140,7 @@ def job_spec(cfg: Any, recipe_text: str) -> JobSpec:
     job_dir = os.path.abspath(settings.job_dir)
     return JobSpec(
         job_dir=job_dir,
-        export_path=os.path.abspath(cfg.export_path),
+        export_path=location(cfg.export_path),
         make_prepare_request=lambda: prepare_request(cfg, recipe_text),
         make_runner=make_runner,
         run_id=settings.run_id,

@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from data_juicer_elastic.plugin.schema import KEY
+from data_juicer_elastic.s3_export import is_s3
 
 INNER_EXECUTOR = "ray"
 _ABSOLUTE_KEYS = ("dataset_path", "export_path", "work_dir")
@@ -85,7 +86,7 @@ def effective_recipe(cfg: Any, defaults: Any, op_names: set[str] | frozenset[str
             continue
         recipe[key] = value
     for key in _ABSOLUTE_KEYS:
-        if isinstance(recipe.get(key), str) and recipe[key]:
+        if isinstance(recipe.get(key), str) and recipe[key] and not is_s3(recipe[key]):
             recipe[key] = os.path.abspath(recipe[key])
     if isinstance(recipe.get("custom_operator_paths"), (list, tuple)):
         recipe["custom_operator_paths"] = [os.path.abspath(str(p)) for p in recipe["custom_operator_paths"]]

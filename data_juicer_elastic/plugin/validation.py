@@ -20,6 +20,7 @@ from typing import Any
 from data_juicer_elastic.errors import UserError
 from data_juicer_elastic.plugin.schema import KEY, settings_from_cfg
 from data_juicer_elastic.prepare.inputs import SUFFIXES
+from data_juicer_elastic.s3_export import is_s3, location
 from data_juicer_elastic.storage.mounts import is_url, job_dir_problem
 
 INPUT_SUFFIXES = tuple(SUFFIXES)  # what prepare reads
@@ -189,11 +190,16 @@ def _export_problems(cfg: Any) -> list[str]:
     export_path = cfg.get("export_path") or ""
     export_type = cfg.get("export_type")
     suffix = os.path.splitext(export_path.rstrip("/"))[1]
-    if is_url(export_path):
-        problems.append(f"export_path {export_path!r} is remote; elastic_shard writes a local file or folder")
+    if is_url(export_path) and not is_s3(export_path):
+        problems.append(
+            f"export_path {export_path!r} is remote; elastic_shard writes a local file or folder, or an "
+            "S3 object or prefix (s3://bucket/out/result.jsonl, s3://bucket/out/result/)"
+        )
+    elif is_s3(export_path) and (problem := _s3_problem(export_path)):
+        problems.append(f"export_path {export_path!r}: {problem}")
     elif suffix and (suffix not in (".jsonl", ".parquet") or export_path.endswith("/")):
         problems.append(
-            f"export_path {export_path!r} must be a local file ending in .jsonl or .parquet, "
+            f"export_path {export_path!r} must be a file ending in .jsonl or .parquet, "
             "or a folder (no suffix: out/result/) to get one part file per shard"
         )
     elif suffix and export_type is not None and export_type != suffix[1:]:
@@ -208,6 +214,14 @@ def _export_problems(cfg: Any) -> list[str]:
     if cfg.get("encrypt_before_export"):
         problems.append("encrypt_before_export is not supported by elastic_shard (the merge reads the outputs)")
     return problems
+
+
+def _s3_problem(url: str) -> str | None:
+    try:
+        location(url)
+    except UserError as exc:
+        return str(exc).removeprefix(f"{url}: ")
+    return None
 
 
 UNKNOWN_OP = "unknown operator; check the name, or list the module defining it in custom_operator_paths"

@@ -1,0 +1,210 @@
+"""Bulk writes to an ``S3Store``: a multipart upload completed once, a file put whole, stale uploads aborted.
+
+An object written by multipart exists only once ``CompleteMultipartUpload``
+succeeds, so a killed writer leaves an incomplete upload, never a partial
+object. Completion is conditional: ``If-None-Match: *`` where no object was
+there (two finalizers cannot both write; AWS and MinIO honour it on
+Complete), ``If-Match: <etag>`` where one was and the caller may replace it
+(a store that ignores ``If-Match`` on Complete, moto, replaces it
+unconditionally). A HEAD just before Complete also refuses an object that
+appeared meanwhile on a store that ignores both. An incomplete upload is
+never completed by anyone but its writer: a later writer of the same key
+aborts those older than ``STALE_UPLOAD_SECS`` (by the store's clock) and
+ignores younger ones, which may be a live writer's (a bucket lifecycle rule
+``AbortIncompleteMultipartUpload`` removes the rest).
+
+The store's client is the one ``S3Store`` built (credentials from boto3's
+own chain); nothing here logs a request, a header or a credential.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from data_juicer_elastic.storage.blocks import BLOCK, blocks
+from data_juicer_elastic.storage.keys import normalise_key
+from data_juicer_elastic.storage.s3 import S3Store, _code, _date, _missing, _retried
+
+MIN_PART = 5 << 20  # S3's smallest part but the last
+PART_SIZE = 16 << 20  # the default part; grown so that no upload needs more than MAX_PARTS
+MAX_PARTS = 9000  # S3 allows 10,000: room for a size estimate that falls short
+IN_FLIGHT = 4  # parts sent at once (each held in memory until its reply)
+STALE_UPLOAD_SECS = 3600.0  # an incomplete upload this old is a killed writer's: aborted
+SHA_META = "dje-sha256"  # x-amz-meta-dje-sha256 on a part put by the folder export: what a resume compares
+
+
+@dataclass(frozen=True)
+class Written:
+    """What a completed write left: the object's size, ETag and version (None unversioned)."""
+
+    size: int
+    etag: str
+    version_id: str | None
+
+
+class Refused(Exception):
+    """The object was there (or appeared) and the write may not replace it; nothing was written."""
+
+
+def part_size_for(total: int) -> int:
+    """The part size for about ``total`` bytes: ``PART_SIZE``, larger where that would take too many parts."""
+    return max(PART_SIZE, MIN_PART, -(-total // MAX_PARTS))
+
+
+class MultipartWrite:
+    """One multipart upload to ``key``: ``write`` blocks in order, then ``complete`` once; aborted on any error.
+
+    ``expect``: the ETag of the object the caller saw there (replaced only if it is still that one), or
+    None for none (refused if one appears). Use as a context manager: leaving it without ``complete``
+    aborts the upload, so what was sent is never kept.
+    """
+
+    def __init__(
+        self, store: S3Store, key: str, expect: str | None, part_size: int, metadata: dict[str, str] | None = None
+    ) -> None:
+        self.store, self.key, self.expect = store, normalise_key(key), expect
+        self.full = store._full(self.key)
+        self.part_size = max(part_size, MIN_PART)
+        self.client = store.client
+        resp = self.client.create_multipart_upload(Bucket=store.bucket, Key=self.full, Metadata=metadata or {})
+        self.upload_id: str | None = str(resp["UploadId"])
+        self.buf = bytearray()
+        self.sent: list[tuple[int, Future, str]] = []  # part number, its reply, the md5 of its bytes
+        self.size = 0
+        self.pool = ThreadPoolExecutor(IN_FLIGHT, thread_name_prefix="dje-s3-part")
+
+    def __enter__(self) -> MultipartWrite:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.abort()
+
+    def write(self, block: Any) -> None:
+        self.buf += block
+        self.size += len(block)
+        while len(self.buf) >= self.part_size:
+            self._send(bytes(self.buf[: self.part_size]))
+            del self.buf[: self.part_size]
+
+    def _send(self, data: bytes) -> None:
+        number = len(self.sent) + 1
+        args = {"Bucket": self.store.bucket, "Key": self.full, "UploadId": self.upload_id, "PartNumber": number}
+        self.sent.append((number, self.pool.submit(self.client.upload_part, Body=data, **args), _md5(data)))
+        if len(self.sent) > IN_FLIGHT:
+            self.sent[-IN_FLIGHT - 1][1].result()  # at most IN_FLIGHT parts held at once
+
+    def complete(self) -> Written:
+        """Send the rest, then Complete under the condition; ``Refused`` when another object is (now) there."""
+        if self.buf or not self.sent:
+            self._send(bytes(self.buf))
+            self.buf = bytearray()
+        parts = [{"PartNumber": n, "ETag": f.result()["ETag"]} for n, f, _ in self.sent]
+        seen = self.store.head(self.key)
+        if (seen.ver if seen else None) != self.expect:
+            raise Refused(f"s3://{self.store.bucket}/{self.full}: {'changed' if self.expect else 'appeared'}")
+        condition = {"IfMatch": self.expect} if self.expect else {"IfNoneMatch": "*"}
+        try:
+            resp = self.client.complete_multipart_upload(
+                Bucket=self.store.bucket,
+                Key=self.full,
+                UploadId=self.upload_id,
+                MultipartUpload={"Parts": parts},
+                **condition,
+            )
+        except self.store._client_error as exc:
+            if _code(exc) not in ("PreconditionFailed", "NoSuchUpload"):
+                raise
+            ours = self._ours_after_resend() if _retried(exc) else None
+            if ours is None:
+                raise Refused(f"s3://{self.store.bucket}/{self.full}: written by another meanwhile") from exc
+            self.upload_id = None
+            return ours
+        self.upload_id = None  # completed: nothing to abort
+        return Written(self.size, str(resp["ETag"]), resp.get("VersionId"))
+
+    def _ours_after_resend(self) -> Written | None:
+        """A Complete that botocore sent again after its first send landed: the object's ETag is the one
+        these parts make (md5 of the parts' md5s, ``-<count>``)."""
+        digests = b"".join(bytes.fromhex(md5) for _, _, md5 in self.sent)
+        want = f'"{_md5(digests)}-{len(self.sent)}"'
+        meta = self.store.head(self.key)
+        if meta is None or meta.ver != want or meta.size != self.size:
+            return None
+        return Written(meta.size, meta.ver, None)
+
+    def abort(self) -> None:
+        """Drop the upload (once; a completed one has nothing to drop)."""
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        if self.upload_id is None:
+            return
+        upload_id, self.upload_id = self.upload_id, None
+        try:
+            self.client.abort_multipart_upload(Bucket=self.store.bucket, Key=self.full, UploadId=upload_id)
+        except self.store._client_error as exc:
+            if _code(exc) != "NoSuchUpload":
+                raise
+
+
+def _md5(data: bytes) -> str:
+    return hashlib.md5(data).hexdigest()  # S3's part ETag, not security
+
+
+def upload_file(
+    store: S3Store, key: str, path: Path, sha256: str, *, part_size: int = PART_SIZE, tick: Callable | None = None
+) -> Written:
+    """``path`` at ``key`` (replacing whatever is there), its sha256 in the metadata: one PUT up to a part,
+    else a multipart upload."""
+    size = os.stat(path).st_size
+    full = store._full(normalise_key(key))
+    if size <= part_size:
+        resp = store.client.put_object(
+            Bucket=store.bucket, Key=full, Body=Path(path).read_bytes(), Metadata={SHA_META: sha256}
+        )
+        written = Written(size, str(resp["ETag"]), resp.get("VersionId"))
+    else:
+        seen = store.head(key)
+        up = MultipartWrite(store, key, seen.ver if seen else None, part_size, {SHA_META: sha256})
+        with open(path, "rb", buffering=0) as f, up:
+            for block in blocks(f, bytearray(BLOCK)):
+                up.write(block)
+            written = up.complete()
+    if tick is not None:
+        tick(size)
+    return written
+
+
+def sha256_of(store: S3Store, key: str) -> tuple[int, str | None] | None:
+    """Size and the ``dje-sha256`` metadata of ``key`` (one HEAD), or None when it is missing."""
+    try:
+        resp = store.client.head_object(Bucket=store.bucket, Key=store._full(normalise_key(key)))
+    except store._client_error as exc:
+        if _missing(exc):
+            return None
+        raise
+    return int(resp["ContentLength"]), resp.get("Metadata", {}).get(SHA_META)
+
+
+def abort_stale_uploads(store: S3Store, key: str, older_than: float | None = None) -> int:
+    """Abort the incomplete uploads to exactly ``key`` begun ``older_than`` seconds (default
+    ``STALE_UPLOAD_SECS``) or more before the store's now; younger ones are left alone. How many."""
+    full = store._full(normalise_key(key))
+    limit = STALE_UPLOAD_SECS if older_than is None else older_than
+    resp = store.client.list_multipart_uploads(Bucket=store.bucket, Prefix=full)
+    now = _date(resp)
+    aborted = 0
+    for upload in resp.get("Uploads", ()):
+        if upload["Key"] != full or now - upload["Initiated"].timestamp() < limit:
+            continue
+        try:
+            store.client.abort_multipart_upload(Bucket=store.bucket, Key=full, UploadId=upload["UploadId"])
+            aborted += 1
+        except store._client_error as exc:
+            if _code(exc) != "NoSuchUpload":
+                raise
+    return aborted
