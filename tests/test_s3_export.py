@@ -200,3 +200,28 @@ def test_export_path_may_be_s3_for_jsonl_parquet_and_folders_and_no_other_scheme
     ):
         problems = _export_problems({"export_path": bad})
         assert len(problems) == 1 and "export_path" in problems[0] and says in problems[0], (bad, problems)
+
+
+@pytest.mark.slow
+def test_dj_process_exports_to_the_store(tmp_path: Path, client, server: dict[str, str]) -> None:
+    """The stock ``dj-process`` with ``export_path: s3://...``: the object is what ``dj-elastic merge`` of the
+    same job dir writes locally; no credential in the job dir or the output."""
+    from .reference import dj_process, elastic_recipe
+
+    write_rows(tmp_path / "ds" / "a.jsonl", text_rows(40))
+    url = f"s3://{BUCKET}/e2e/merged.jsonl"
+    config = elastic_recipe(
+        tmp_path / "r.yaml",
+        tmp_path / "ds",
+        url,
+        tmp_path / "job",
+        [{"whitespace_normalization_mapper": None}],  # type: ignore[arg-type]
+    )
+    out = dj_process("--config", str(config), cwd=tmp_path, env=server)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
+    assert f"merged into {url}" in out.stderr + out.stdout
+    local = tmp_path / "local.jsonl"
+    merge(JobDir(tmp_path / "job"), str(local), log=_quiet)
+    assert _get(client, "e2e/merged.jsonl") == local.read_bytes() and len(local.read_bytes().splitlines()) == 40
+    assert SECRET not in out.stdout + out.stderr
+    _no_secret(tmp_path / "job")

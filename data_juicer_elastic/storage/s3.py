@@ -120,13 +120,17 @@ class S3Store:
 
     def head(self, key: str, now: float | None = None) -> Meta | None:
         """One HEAD, aged by its own ``Date`` (``now`` is not needed)."""
+        resp = self.head_response(key)
+        return None if resp is None else _meta(resp, resp["ContentLength"])
+
+    def head_response(self, key: str) -> dict[str, Any] | None:
+        """One HEAD's whole response (user metadata included), or None when ``key`` is missing."""
         try:
-            resp = self.client.head_object(Bucket=self.bucket, Key=self._full(normalise_key(key)))
+            return dict(self.client.head_object(Bucket=self.bucket, Key=self._full(normalise_key(key))))
         except self._client_error as exc:
             if _missing(exc):
                 return None
             raise
-        return _meta(resp, resp["ContentLength"])
 
     def delete(self, key: str, if_ver: Ver | None = None) -> bool:
         condition = {} if if_ver is None else {"IfMatch": if_ver}

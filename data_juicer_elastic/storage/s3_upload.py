@@ -29,7 +29,7 @@ from typing import Any
 
 from data_juicer_elastic.storage.blocks import BLOCK, blocks
 from data_juicer_elastic.storage.keys import normalise_key
-from data_juicer_elastic.storage.s3 import S3Store, _code, _date, _missing, _retried
+from data_juicer_elastic.storage.s3 import S3Store, _code, _date, _retried
 
 MIN_PART = 5 << 20  # S3's smallest part but the last
 PART_SIZE = 16 << 20  # the default part; grown so that no upload needs more than MAX_PARTS
@@ -181,12 +181,9 @@ def upload_file(
 
 def sha256_of(store: S3Store, key: str) -> tuple[int, str | None] | None:
     """Size and the ``dje-sha256`` metadata of ``key`` (one HEAD), or None when it is missing."""
-    try:
-        resp = store.client.head_object(Bucket=store.bucket, Key=store._full(normalise_key(key)))
-    except store._client_error as exc:
-        if _missing(exc):
-            return None
-        raise
+    resp = store.head_response(key)
+    if resp is None:
+        return None
     return int(resp["ContentLength"]), resp.get("Metadata", {}).get(SHA_META)
 
 
