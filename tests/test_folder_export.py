@@ -261,4 +261,4 @@ def test_a_recipe_may_name_a_folder_or_a_jsonl_or_parquet_file_and_nothing_else(
         assert _export_problems({"export_path": ok}) == [], ok
     for bad in ("/out/result.csv", "/out/result.json/"):
         message = _export_problems({"export_path": bad})[0]
-        assert "must be a local file ending in .jsonl or .parquet, or a folder" in message
+        assert "must be a file ending in .jsonl or .parquet, or a folder" in message

@@ -131,4 +131,4 @@ def test_a_recipe_may_export_parquet() -> None:
         assert _export_problems(ok) == [], ok
     bad = _export_problems({"export_path": "/o/r.jsonl", "export_type": "parquet"})
     assert "disagrees with export_path" in bad[0]
-    assert "must be a local file ending in .jsonl or .parquet" in _export_problems({"export_path": "/o/r.csv"})[0]
+    assert "must be a file ending in .jsonl or .parquet" in _export_problems({"export_path": "/o/r.csv"})[0]

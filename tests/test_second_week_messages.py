@@ -33,7 +33,7 @@ def refusal(tmp_path, parse, **change) -> str:  # noqa: F811
     [
         ({"process": [{"text_length_filter": {"min_lenn": 10}}]}, "min_lenn"),
         ({"process": [{"whitespace_normalisation_mapper": None}]}, "unknown operator"),
-        ({"export_path": "/tmp/out.csv"}, "must be a local file ending in .jsonl or .parquet"),
+        ({"export_path": "/tmp/out.csv"}, "must be a file ending in .jsonl or .parquet"),
         ({"dataset_path": str(REPO / "setup.cfg")}, "is not JSONL"),
     ],
 )
