@@ -355,7 +355,7 @@ def test_validation_names_every_offending_op(tmp_path, parse):
         ({"dataset_path": str(REPO / "setup.cfg")}, "is not JSONL"),
         ({"dataset_path": "", "dataset": {"configs": [{"type": "local", "path": "x.jsonl"}]}}, "dataset / generated"),
         ({"export_path": "/tmp/out.csv"}, "must be a file ending in .jsonl or .parquet"),
-        ({"export_path": "s3://bucket/out.jsonl"}, "export_path 's3://bucket/out.jsonl' is remote"),
+        ({"export_path": "gs://bucket/out.jsonl"}, "export_path 'gs://bucket/out.jsonl' is remote"),
         ({"export_shard_size": 1 << 20}, "export_shard_size is not supported"),
         ({"elastic_shard": {"job_dir": "/tmp/j", "heartbeat_secs": 60, "lock_timeout_secs": 30}}, "must be below"),
     ],
