@@ -6,6 +6,10 @@ relative path (plain string sort of the posix path). One job reads one input
 format: a folder holding both JSONL and Parquet files is refused. Compressed files are decompressed into
 the staging folder once, so every later step reads plain bytes with seeks;
 byte ranges in the manifest then refer to the decompressed stream.
+
+An ``s3://bucket/key`` dataset (one object, or the ``*.jsonl`` objects under
+a prefix) is discovered by prepare.s3_inputs and read in place by ranged
+GETs (prepare.source); its objects are fingerprinted by size and ETag.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from pathlib import PurePosixPath
 from typing import BinaryIO
 
 from data_juicer_elastic.errors import UserError
+from data_juicer_elastic.prepare.source import is_s3
 from data_juicer_elastic.storage.blocks import blocks
 
 SUFFIXES = {".jsonl": None, ".jsonl.gz": "gz", ".jsonl.zst": "zst", ".parquet": "parquet"}
@@ -35,6 +40,7 @@ class Fingerprint:
     mtime_ns: int
     ino: int
     dev: int
+    etag: str | None = None  # an s3:// input's (its mtime_ns, ino and dev are 0)
 
     @classmethod
     def of(cls, path: str) -> Fingerprint:
@@ -89,8 +95,17 @@ def codec_of(name: str) -> tuple[bool, str | None]:
     return False, None
 
 
+def dataset_root(dataset_path: str) -> str:
+    """How the dataset path is recorded and compared: a local path made absolute, an s3:// URL as written."""
+    return dataset_path if is_s3(dataset_path) else os.path.abspath(dataset_path)
+
+
 def discover(dataset_path: str, exclude: tuple[str, ...] = ()) -> Dataset:
     """Find the input files; ``exclude`` holds real paths of folders to skip (the job dir)."""
+    if is_s3(dataset_path):
+        from data_juicer_elastic.prepare.s3_inputs import discover_s3
+
+        return discover_s3(dataset_path)
     root = os.path.abspath(dataset_path)
     try:
         st = os.stat(root)
@@ -210,17 +225,27 @@ def _unreadable(path: str, exc: OSError) -> UserError:
 
 
 def check_unchanged(spec: InputSpec) -> None:
-    """Refuse an input whose size, mtime or inode moved while prepare read it (a stat after the read)."""
-    try:
-        now = Fingerprint.of(spec.path)
-    except OSError as exc:
-        raise _unreadable(spec.path, exc) from exc
+    """Refuse an input whose size, mtime or inode (an s3:// object's ETag) moved while prepare read it (a stat or
+    HEAD after the read)."""
+    if spec.seen.etag is not None:
+        from data_juicer_elastic.prepare.s3_inputs import fingerprint_s3
+
+        now = fingerprint_s3(spec.path)
+    else:
+        try:
+            now = Fingerprint.of(spec.path)
+        except OSError as exc:
+            raise _unreadable(spec.path, exc) from exc
     if now != spec.seen:
         raise changed_error(spec, now)
 
 
 def changed_error(spec: InputSpec, now: Fingerprint | None = None) -> UserError:
-    moved = f" (size {spec.seen.size} -> {now.size}, mtime_ns {spec.seen.mtime_ns} -> {now.mtime_ns})" if now else ""
+    moved = ""
+    if now is not None and spec.seen.etag is not None:
+        moved = f" (size {spec.seen.size} -> {now.size}, ETag {spec.seen.etag} -> {now.etag})"
+    elif now is not None:
+        moved = f" (size {spec.seen.size} -> {now.size}, mtime_ns {spec.seen.mtime_ns} -> {now.mtime_ns})"
     return UserError(
         f"{spec.path}: changed while prepare read it{moved}; wait until nothing writes it, then prepare again"
     )
