@@ -8,8 +8,10 @@ the staging folder once, so every later step reads plain bytes with seeks;
 byte ranges in the manifest then refer to the decompressed stream.
 
 An ``s3://bucket/key`` dataset (one object, or the ``*.jsonl`` objects under
-a prefix) is discovered by prepare.s3_inputs and read in place by ranged
-GETs (prepare.source); its objects are fingerprinted by size and ETag.
+a prefix) is discovered here too and read in place by ranged GETs
+(prepare.source); its objects are fingerprinted by size and ETag.
+Compressed JSONL and Parquet objects are refused by name: they are not read
+from S3 yet.
 """
 
 from __future__ import annotations
@@ -17,15 +19,19 @@ from __future__ import annotations
 import errno
 import gzip
 import os
+import posixpath
 import stat
 import zlib
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from data_juicer_elastic.errors import UserError
-from data_juicer_elastic.prepare.source import is_s3
+from data_juicer_elastic.prepare.source import S3_SCHEME, is_s3, s3_objects, split_s3_url
 from data_juicer_elastic.storage.blocks import blocks
+
+if TYPE_CHECKING:
+    from data_juicer_elastic.storage.s3 import ObjectInfo
 
 SUFFIXES = {".jsonl": None, ".jsonl.gz": "gz", ".jsonl.zst": "zst", ".parquet": "parquet"}
 PARQUET = "parquet"  # the codec of a Parquet input: read in place by prepare.parquet, never materialised
@@ -103,9 +109,7 @@ def dataset_root(dataset_path: str) -> str:
 def discover(dataset_path: str, exclude: tuple[str, ...] = ()) -> Dataset:
     """Find the input files; ``exclude`` holds real paths of folders to skip (the job dir)."""
     if is_s3(dataset_path):
-        from data_juicer_elastic.prepare.s3_inputs import discover_s3
-
-        return discover_s3(dataset_path)
+        return _discover_s3(dataset_path)
     root = os.path.abspath(dataset_path)
     try:
         st = os.stat(root)
@@ -228,9 +232,7 @@ def check_unchanged(spec: InputSpec) -> None:
     """Refuse an input whose size, mtime or inode (an s3:// object's ETag) moved while prepare read it (a stat or
     HEAD after the read)."""
     if spec.seen.etag is not None:
-        from data_juicer_elastic.prepare.s3_inputs import fingerprint_s3
-
-        now = fingerprint_s3(spec.path)
+        now = _fingerprint_s3(spec.path)
     else:
         try:
             now = Fingerprint.of(spec.path)
@@ -249,6 +251,82 @@ def changed_error(spec: InputSpec, now: Fingerprint | None = None) -> UserError:
     return UserError(
         f"{spec.path}: changed while prepare read it{moved}; wait until nothing writes it, then prepare again"
     )
+
+
+# inputs on S3 -------------------------------------------------------------------------------------------
+# The same rules as a local dataset, so the same bytes give the same inputs in the same order: a key that
+# names an object is a file input; otherwise the keys under ``key/`` are a folder, taken by their path
+# relative to it, sorted, ``*.jsonl`` only (other names listed as skipped, hidden ones left out silently).
+# Each object is fingerprinted by its size and ETag (the HEAD or the listing); only the URL, the size and
+# the ETag are recorded.
+S3_NOT_YET = {
+    "gz": "compressed JSONL (.jsonl.gz)",
+    "zst": "compressed JSONL (.jsonl.zst)",
+    PARQUET: "Parquet",
+}
+
+
+def _discover_s3(url: str) -> Dataset:
+    """The inputs a dataset URL names; UserError (exit 2) naming the URL when there are none or one is refused."""
+    bucket, key = split_s3_url(url)
+    objects = s3_objects()
+    if key and not key.endswith("/"):
+        info = objects.head(bucket, key)
+        if info is not None:
+            return Dataset(url, "file", (_s3_spec(bucket, info, posixpath.basename(key), posixpath.dirname(key)),))
+    prefix = key if not key or key.endswith("/") else key + "/"
+    found: list[InputSpec] = []
+    skipped: list[str] = []
+    listed = False
+    for info in objects.list(bucket, prefix):
+        listed = True
+        rel = info.key[len(prefix) :]
+        if not rel or rel.endswith("/") or any(STAGING_MARK in part for part in rel.split("/")):
+            continue  # a folder marker, or a prepare's staging folder
+        matched, _ = codec_of(rel)
+        if matched:
+            found.append(_s3_spec(bucket, info, rel, prefix.rstrip("/")))
+        elif not posixpath.basename(rel).startswith("."):
+            skipped.append(rel)
+    if not found:
+        if not listed:
+            raise UserError(
+                f"{url}: does not exist (no object at this key and none under it at {objects.endpoint}); "
+                "fix the bucket or key"
+            )
+        raise UserError(
+            f"{url}: no *.jsonl objects found under it (searched recursively); name the input objects *.jsonl "
+            "or pass the object itself"
+        )
+    found.sort(key=lambda s: s.rel)
+    return Dataset(url, "dir", tuple(found), tuple(sorted(skipped)))
+
+
+def _fingerprint_s3(url: str) -> Fingerprint:
+    """The object's size and ETag now (one HEAD); UserError when it is gone."""
+    bucket, key = split_s3_url(url)
+    info = s3_objects().head(bucket, key)
+    if info is None:
+        raise UserError(f"{url}: does not exist any more; put it back, then prepare again")
+    return _object_fingerprint(info)
+
+
+def _object_fingerprint(info: ObjectInfo) -> Fingerprint:
+    return Fingerprint(info.size, 0, 0, 0, info.etag)
+
+
+def _s3_spec(bucket: str, info: ObjectInfo, rel: str, folder: str) -> InputSpec:
+    url = f"{S3_SCHEME}{bucket}/{info.key}"
+    _, codec = codec_of(rel)
+    if codec is not None:
+        raise UserError(
+            f"{url}: {S3_NOT_YET[codec]} input on S3 is not supported yet; elastic_shard reads plain *.jsonl "
+            "objects from S3: store it as plain JSONL, or copy it to a local or shared folder and pass that path"
+        )
+    if info.size == 0:
+        raise UserError(f"{url}: empty object; add rows (one JSON object per line) or remove it")
+    media_base = f"{S3_SCHEME}{bucket}/{folder}".rstrip("/")
+    return InputSpec(rel=rel, path=url, codec=None, media_base=media_base, seen=_object_fingerprint(info))
 
 
 @dataclass(frozen=True)
