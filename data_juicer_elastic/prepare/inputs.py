@@ -27,7 +27,8 @@ from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, BinaryIO
 
 from data_juicer_elastic.errors import UserError
-from data_juicer_elastic.prepare.source import S3_SCHEME, is_s3, s3_objects, split_s3_url
+from data_juicer_elastic.prepare.source import s3_objects, split_s3_url
+from data_juicer_elastic.s3_export import SCHEME, is_s3
 from data_juicer_elastic.storage.blocks import blocks
 
 if TYPE_CHECKING:
@@ -316,7 +317,7 @@ def _object_fingerprint(info: ObjectInfo) -> Fingerprint:
 
 
 def _s3_spec(bucket: str, info: ObjectInfo, rel: str, folder: str) -> InputSpec:
-    url = f"{S3_SCHEME}{bucket}/{info.key}"
+    url = f"{SCHEME}{bucket}/{info.key}"
     _, codec = codec_of(rel)
     if codec is not None:
         raise UserError(
@@ -325,7 +326,7 @@ def _s3_spec(bucket: str, info: ObjectInfo, rel: str, folder: str) -> InputSpec:
         )
     if info.size == 0:
         raise UserError(f"{url}: empty object; add rows (one JSON object per line) or remove it")
-    media_base = f"{S3_SCHEME}{bucket}/{folder}".rstrip("/")
+    media_base = f"{SCHEME}{bucket}/{folder}".rstrip("/")
     return InputSpec(rel=rel, path=url, codec=None, media_base=media_base, seen=_object_fingerprint(info))
 
 

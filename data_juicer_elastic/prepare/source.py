@@ -15,12 +15,7 @@ from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 from data_juicer_elastic.errors import UserError
-
-S3_SCHEME = "s3://"
-
-
-def is_s3(path: str) -> bool:
-    return path.startswith(S3_SCHEME)
+from data_juicer_elastic.s3_export import SCHEME, is_s3
 
 
 def split_s3_url(url: str) -> tuple[str, str]:
@@ -38,7 +33,7 @@ def split_s3_url(url: str) -> tuple[str, str]:
         raise UserError(f"{url}: an s3:// URL names a bucket (s3://bucket/prefix/data.jsonl)")
     if parts.query or parts.fragment:
         raise UserError(f"{url}: an s3:// input URL takes no query or fragment ('?', '#')")
-    return parts.netloc, url[len(S3_SCHEME) + len(parts.netloc) :].removeprefix("/")
+    return parts.netloc, url[len(SCHEME) + len(parts.netloc) :].removeprefix("/")
 
 
 @functools.cache
