@@ -350,7 +350,8 @@ def test_validation_names_every_offending_op(tmp_path, parse):
     [
         ({"elastic_shard": {}}, "elastic_shard.job_dir is not set"),
         ({"elastic_shard": {"job_dir": "s3://bucket/jobs/run-1"}}, r"object-store job dirs .* are not supported yet"),
-        ({"dataset_path": "s3://bucket/data.jsonl"}, "is remote"),
+        ({"dataset_path": "gs://bucket/data.jsonl"}, r"is remote; .* or JSONL on S3"),
+        ({"dataset_path": "s3://key:secret@bucket/data.jsonl"}, r"s3://bucket/\.\.\.: the URL holds credentials"),
         ({"dataset_path": "/nonexistent/data.jsonl"}, "does not exist"),
         ({"dataset_path": str(REPO / "setup.cfg")}, "is not JSONL"),
         ({"dataset_path": "", "dataset": {"configs": [{"type": "local", "path": "x.jsonl"}]}}, "dataset / generated"),
@@ -363,6 +364,14 @@ def test_validation_names_every_offending_op(tmp_path, parse):
 def test_validation_of_paths_and_settings(tmp_path, parse, change, expected):
     with pytest.raises(UserError, match=expected):
         parse("--config", str(one_op_recipe(tmp_path, **change)))
+
+
+def test_an_s3_dataset_path_passes_validation_and_stays_a_url_in_the_snapshot(tmp_path, parse):
+    """Whether the object exists is the store's to say, at prepare; the snapshot keeps the URL as written."""
+    from data_juicer_elastic.plugin import snapshot_of
+
+    cfg = parse("--config", str(one_op_recipe(tmp_path, dataset_path="s3://bucket/in/")))
+    assert yaml.safe_load(snapshot_of(cfg))["dataset_path"] == "s3://bucket/in/"
 
 
 def one_op_recipe(tmp_path: Path, **change) -> Path:

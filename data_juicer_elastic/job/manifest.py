@@ -39,8 +39,15 @@ class InputFile:
 
     path: str
     size: int
-    mtime_ns: int
+    mtime_ns: int  # 0 for an s3:// object
     rows: int
+    etag: str | None = None  # an s3:// object's; left out of the JSON for a local file (its manifest is as before)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dict(vars(self))
+        if d["etag"] is None:
+            del d["etag"]
+        return d
 
 
 @dataclass(frozen=True)
@@ -84,7 +91,7 @@ class Manifest:
         a manifest of 100,000 shards take tens of seconds). Schema 6 names the shard table's blocks and
         columns in ``shard_table``; older schemas listed every shard in ``shards``."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        d["files"] = [dict(vars(f)) for f in self.files]
+        d["files"] = [f.to_dict() for f in self.files]
         d["versions"] = dict(self.versions)
         d["policy"] = dict(vars(self.policy))
         d["media_keys"], d["index_keys"] = list(self.media_keys), list(self.index_keys)

@@ -30,7 +30,7 @@ from data_juicer_elastic.plugin.schema import NAME, ElasticShardSettings, settin
 from data_juicer_elastic.plugin.validation import recipe_keys
 from data_juicer_elastic.prepare.driver import PrepareRequest
 from data_juicer_elastic.prepare.existing import prepared_shard_count
-from data_juicer_elastic.prepare.inputs import discover
+from data_juicer_elastic.prepare.inputs import dataset_root, discover
 from data_juicer_elastic.s3_export import location
 from data_juicer_elastic.watch import ProgressTicker
 
@@ -112,7 +112,7 @@ def policy_from(settings: ElasticShardSettings, dataset_path: str) -> Policy:
 def prepare_request(cfg: Any, recipe_text: str) -> PrepareRequest:
     """The prepare request of a parsed, validated elastic_shard config."""
     settings = settings_from_cfg(cfg)
-    dataset_path = os.path.abspath(cfg.dataset_path)
+    dataset_path = dataset_root(cfg.dataset_path)
     keys = recipe_keys(cfg)
     return PrepareRequest(
         dataset_path=dataset_path,

@@ -20,6 +20,7 @@ from typing import Any
 from data_juicer_elastic.errors import UserError
 from data_juicer_elastic.plugin.schema import KEY, settings_from_cfg
 from data_juicer_elastic.prepare.inputs import SUFFIXES
+from data_juicer_elastic.prepare.source import split_s3_url
 from data_juicer_elastic.s3_export import is_s3, location
 from data_juicer_elastic.storage.mounts import is_url, job_dir_problem
 
@@ -172,8 +173,17 @@ def _dataset_problems(cfg: Any) -> list[str]:
                 "set dataset_path to a local JSONL file or a directory of JSONL files"
             ]
         return ["dataset_path is not set; set it to a local JSONL file or a directory of JSONL files"]
+    if is_s3(dataset_path):
+        try:
+            split_s3_url(dataset_path)
+        except UserError as exc:
+            return [f"dataset_path: {exc}"]
+        return []  # whether it exists is asked of the store by prepare (exit 2 naming the URL)
     if is_url(dataset_path):
-        return [f"dataset_path {dataset_path!r} is remote; elastic_shard reads a local JSONL file or folder"]
+        return [
+            f"dataset_path {dataset_path!r} is remote; elastic_shard reads a local JSONL file or folder, "
+            "or JSONL on S3 (s3://bucket/data.jsonl, s3://bucket/prefix/)"
+        ]
     if not os.path.exists(dataset_path):
         hint = " (weighted mixtures '<w1> <path1> ...' are not supported)" if " " in dataset_path.strip() else ""
         return [f"dataset_path {dataset_path!r} does not exist{hint}"]

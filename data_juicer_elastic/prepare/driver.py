@@ -69,6 +69,7 @@ from data_juicer_elastic.storage.files import disk_full_in, fsync_dir, no_space_
 
 INLINE_BELOW = 32 << 20  # smaller inputs are not worth starting worker processes for
 MAX_JOBS = 8
+REMOTE_SEARCHES = 16  # an s3:// input's line-start searches (one ranged GET each) in flight at once
 
 
 @dataclass(frozen=True)
@@ -210,7 +211,8 @@ class _Build:
     def _plan(self, mats: list[Materialised]) -> tuple[Stream, list[list[Piece]]]:
         n = self.req.policy.num_shards
         try:
-            stream, ranges = plan([m.data_path for m in mats], [m.data_size for m in mats], n)
+            parallel = REMOTE_SEARCHES if any(s.seen.etag is not None for s in self.inputs) else 1
+            stream, ranges = plan([m.data_path for m in mats], [m.data_size for m in mats], n, parallel)
         except TooFewRows as exc:
             raise UserError(
                 f"num_shards: {n} requested but the input has only {exc.rows} rows; "
@@ -337,7 +339,8 @@ class _Build:
             )
             row += outcome.rows
         files = tuple(
-            InputFile(s.rel, s.seen.size, s.seen.mtime_ns, rows) for s, rows in zip(self.inputs, file_rows, strict=True)
+            InputFile(s.rel, s.seen.size, s.seen.mtime_ns, rows, s.seen.etag)
+            for s, rows in zip(self.inputs, file_rows, strict=True)
         )
         return self.req.manifest(self.dataset.root, self.dataset.kind, self.recipe_sha, files, shards, columns=columns)
 

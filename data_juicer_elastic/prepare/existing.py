@@ -4,6 +4,7 @@ The shards depend on the input, the shard count and the row rules; a request
 that keeps those reuses them whatever its recipe and run-time policy. The
 input check is a stat; an input whose size is the same but whose mtime moved
 (a copy, a restore) is re-hashed against the range digests prepare recorded.
+An s3:// object is checked by its size and ETag (its listing or a HEAD).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from data_juicer_elastic.errors import UserError
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.manifest import Manifest
 from data_juicer_elastic.prepare.generation import ensure_generation, same_content
-from data_juicer_elastic.prepare.inputs import Dataset, InputSpec, discover
+from data_juicer_elastic.prepare.inputs import Dataset, InputSpec, dataset_root, discover
 from data_juicer_elastic.prepare.request import PrepareRequest
 
 
@@ -94,8 +95,8 @@ def differences(m: Manifest, req: PrepareRequest, dataset: Dataset | None) -> li
     skips the inputs (a process that follows a prepare coordinator).
     """
     diffs = []
-    if m.dataset_path != os.path.abspath(req.dataset_path):
-        diffs.append(f"dataset_path: {m.dataset_path} in job dir, {os.path.abspath(req.dataset_path)} requested")
+    if m.dataset_path != dataset_root(req.dataset_path):
+        diffs.append(f"dataset_path: {m.dataset_path} in job dir, {dataset_root(req.dataset_path)} requested")
     if m.policy.num_shards != req.policy.num_shards:
         diffs.append(f"num_shards: {m.policy.num_shards} in job dir, {req.policy.num_shards} requested")
     for key in ("media_keys", "index_keys"):
@@ -107,14 +108,16 @@ def differences(m: Manifest, req: PrepareRequest, dataset: Dataset | None) -> li
 
 
 def _file_differences(m: Manifest, new: Iterable[InputSpec]) -> list[str]:
-    before = {f.path: (f.size, f.mtime_ns) for f in m.files}
+    before = {f.path: f for f in m.files}
     now = {s.rel: s for s in new}
     out = [f"input {p}: gone since prepare" for p in before if p not in now]
     out += [f"input {p}: new since prepare" for p in now if p not in before]
     for p in sorted(before.keys() & now.keys()):
-        (s0, t0), spec = before[p], now[p]
+        (s0, t0, etag0), spec = (before[p].size, before[p].mtime_ns, before[p].etag), now[p]
         if s0 != spec.seen.size:
             out.append(f"input {p}: changed since prepare (size {s0} -> {spec.seen.size})")
+        elif etag0 != spec.seen.etag:
+            out.append(f"input {p}: changed since prepare (ETag {etag0} -> {spec.seen.etag})")
         elif t0 != spec.seen.mtime_ns and not same_content(
             spec, [src for s in m.shards for src in s.sources if src.file == p]
         ):

@@ -6,6 +6,12 @@ relative path (plain string sort of the posix path). One job reads one input
 format: a folder holding both JSONL and Parquet files is refused. Compressed files are decompressed into
 the staging folder once, so every later step reads plain bytes with seeks;
 byte ranges in the manifest then refer to the decompressed stream.
+
+An ``s3://bucket/key`` dataset (one object, or the ``*.jsonl`` objects under
+a prefix) is discovered here too and read in place by ranged GETs
+(prepare.source); its objects are fingerprinted by size and ETag.
+Compressed JSONL and Parquet objects are refused by name: they are not read
+from S3 yet.
 """
 
 from __future__ import annotations
@@ -13,14 +19,20 @@ from __future__ import annotations
 import errno
 import gzip
 import os
+import posixpath
 import stat
 import zlib
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from data_juicer_elastic.errors import UserError
+from data_juicer_elastic.prepare.source import s3_objects, split_s3_url
+from data_juicer_elastic.s3_export import SCHEME, is_s3
 from data_juicer_elastic.storage.blocks import blocks
+
+if TYPE_CHECKING:
+    from data_juicer_elastic.storage.s3 import ObjectInfo
 
 SUFFIXES = {".jsonl": None, ".jsonl.gz": "gz", ".jsonl.zst": "zst", ".parquet": "parquet"}
 PARQUET = "parquet"  # the codec of a Parquet input: read in place by prepare.parquet, never materialised
@@ -35,6 +47,7 @@ class Fingerprint:
     mtime_ns: int
     ino: int
     dev: int
+    etag: str | None = None  # an s3:// input's (its mtime_ns, ino and dev are 0)
 
     @classmethod
     def of(cls, path: str) -> Fingerprint:
@@ -89,8 +102,15 @@ def codec_of(name: str) -> tuple[bool, str | None]:
     return False, None
 
 
+def dataset_root(dataset_path: str) -> str:
+    """How the dataset path is recorded and compared: a local path made absolute, an s3:// URL as written."""
+    return dataset_path if is_s3(dataset_path) else os.path.abspath(dataset_path)
+
+
 def discover(dataset_path: str, exclude: tuple[str, ...] = ()) -> Dataset:
     """Find the input files; ``exclude`` holds real paths of folders to skip (the job dir)."""
+    if is_s3(dataset_path):
+        return _discover_s3(dataset_path)
     root = os.path.abspath(dataset_path)
     try:
         st = os.stat(root)
@@ -210,20 +230,104 @@ def _unreadable(path: str, exc: OSError) -> UserError:
 
 
 def check_unchanged(spec: InputSpec) -> None:
-    """Refuse an input whose size, mtime or inode moved while prepare read it (a stat after the read)."""
-    try:
-        now = Fingerprint.of(spec.path)
-    except OSError as exc:
-        raise _unreadable(spec.path, exc) from exc
+    """Refuse an input whose size, mtime or inode (an s3:// object's ETag) moved while prepare read it (a stat or
+    HEAD after the read)."""
+    if spec.seen.etag is not None:
+        now = _fingerprint_s3(spec.path)
+    else:
+        try:
+            now = Fingerprint.of(spec.path)
+        except OSError as exc:
+            raise _unreadable(spec.path, exc) from exc
     if now != spec.seen:
         raise changed_error(spec, now)
 
 
 def changed_error(spec: InputSpec, now: Fingerprint | None = None) -> UserError:
-    moved = f" (size {spec.seen.size} -> {now.size}, mtime_ns {spec.seen.mtime_ns} -> {now.mtime_ns})" if now else ""
+    moved = ""
+    if now is not None and spec.seen.etag is not None:
+        moved = f" (size {spec.seen.size} -> {now.size}, ETag {spec.seen.etag} -> {now.etag})"
+    elif now is not None:
+        moved = f" (size {spec.seen.size} -> {now.size}, mtime_ns {spec.seen.mtime_ns} -> {now.mtime_ns})"
     return UserError(
         f"{spec.path}: changed while prepare read it{moved}; wait until nothing writes it, then prepare again"
     )
+
+
+# inputs on S3 -------------------------------------------------------------------------------------------
+# The same rules as a local dataset, so the same bytes give the same inputs in the same order: a key that
+# names an object is a file input; otherwise the keys under ``key/`` are a folder, taken by their path
+# relative to it, sorted, ``*.jsonl`` only (other names listed as skipped, hidden ones left out silently).
+# Each object is fingerprinted by its size and ETag (the HEAD or the listing); only the URL, the size and
+# the ETag are recorded.
+S3_NOT_YET = {
+    "gz": "compressed JSONL (.jsonl.gz)",
+    "zst": "compressed JSONL (.jsonl.zst)",
+    PARQUET: "Parquet",
+}
+
+
+def _discover_s3(url: str) -> Dataset:
+    """The inputs a dataset URL names; UserError (exit 2) naming the URL when there are none or one is refused."""
+    bucket, key = split_s3_url(url)
+    objects = s3_objects()
+    if key and not key.endswith("/"):
+        info = objects.head(bucket, key)
+        if info is not None:
+            return Dataset(url, "file", (_s3_spec(bucket, info, posixpath.basename(key), posixpath.dirname(key)),))
+    prefix = key if not key or key.endswith("/") else key + "/"
+    found: list[InputSpec] = []
+    skipped: list[str] = []
+    listed = False
+    for info in objects.list(bucket, prefix):
+        listed = True
+        rel = info.key[len(prefix) :]
+        if not rel or rel.endswith("/") or any(STAGING_MARK in part for part in rel.split("/")):
+            continue  # a folder marker, or a prepare's staging folder
+        matched, _ = codec_of(rel)
+        if matched:
+            found.append(_s3_spec(bucket, info, rel, prefix.rstrip("/")))
+        elif not posixpath.basename(rel).startswith("."):
+            skipped.append(rel)
+    if not found:
+        if not listed:
+            raise UserError(
+                f"{url}: does not exist (no object at this key and none under it at {objects.endpoint}); "
+                "fix the bucket or key"
+            )
+        raise UserError(
+            f"{url}: no *.jsonl objects found under it (searched recursively); name the input objects *.jsonl "
+            "or pass the object itself"
+        )
+    found.sort(key=lambda s: s.rel)
+    return Dataset(url, "dir", tuple(found), tuple(sorted(skipped)))
+
+
+def _fingerprint_s3(url: str) -> Fingerprint:
+    """The object's size and ETag now (one HEAD); UserError when it is gone."""
+    bucket, key = split_s3_url(url)
+    info = s3_objects().head(bucket, key)
+    if info is None:
+        raise UserError(f"{url}: does not exist any more; put it back, then prepare again")
+    return _object_fingerprint(info)
+
+
+def _object_fingerprint(info: ObjectInfo) -> Fingerprint:
+    return Fingerprint(info.size, 0, 0, 0, info.etag)
+
+
+def _s3_spec(bucket: str, info: ObjectInfo, rel: str, folder: str) -> InputSpec:
+    url = f"{SCHEME}{bucket}/{info.key}"
+    _, codec = codec_of(rel)
+    if codec is not None:
+        raise UserError(
+            f"{url}: {S3_NOT_YET[codec]} input on S3 is not supported yet; elastic_shard reads plain *.jsonl "
+            "objects from S3: store it as plain JSONL, or copy it to a local or shared folder and pass that path"
+        )
+    if info.size == 0:
+        raise UserError(f"{url}: empty object; add rows (one JSON object per line) or remove it")
+    media_base = f"{SCHEME}{bucket}/{folder}".rstrip("/")
+    return InputSpec(rel=rel, path=url, codec=None, media_base=media_base, seen=_object_fingerprint(info))
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from data_juicer_elastic.job.layout import shard_id
 from data_juicer_elastic.job.manifest import InputFile, Manifest, ShardSource, ShardSpec
 from data_juicer_elastic.prepare.inputs import Dataset, InputSpec, changed_error, check_unchanged
 from data_juicer_elastic.prepare.request import PrepareRequest
+from data_juicer_elastic.prepare.source import read_blocks
 from data_juicer_elastic.storage.files import atomic_write, fsync_dir
 
 BLOCK = 1 << 20
@@ -193,18 +194,10 @@ def _byte_range(layout: FileLayout, run: _Run) -> tuple[int, int]:
 
 
 def _hash_range(path: str, start: int, end: int) -> str:
-    digest = hashlib.sha256()
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        pos = start
-        while pos < end:
-            block = os.pread(fd, min(BLOCK, end - pos), pos)
-            if not block:
-                break
-            digest.update(block)
-            pos += len(block)
-    finally:
-        os.close(fd)
+    digest, pos = hashlib.sha256(), start
+    for block in read_blocks(path, start, end, BLOCK):
+        digest.update(block)
+        pos += len(block)
     return digest.hexdigest() if pos == end else ""
 
 

@@ -2,8 +2,9 @@
 
 Runs in a worker process (prep_pool, one task per shard), so everything here
 is a plain picklable dataclass or a top-level function. A task reads its
-ranges with ``pread`` in 1 MB blocks (cache-sized: split and parse stay in
-cache; measured faster than 8-16 MB blocks), validates each block of lines
+ranges in 1 MB blocks (``pread``, or ranged GETs of an s3:// input:
+prepare.source; cache-sized: split and parse stay in cache; measured faster
+than 8-16 MB blocks), validates each block of lines
 (prep_jsonl), writes the lines (raw bytes unless a row changed) and hashes
 what it wrote, in one pass. The same pass fingerprints the input: each
 range's sha256 is taken over the lines read (each ending in a newline). While
@@ -26,6 +27,7 @@ from typing import Any
 from data_juicer_elastic.errors import UserError
 from data_juicer_elastic.jsonl import LineProblem, RowRules, process_lines, split_lines
 from data_juicer_elastic.prepare.schema import Fields
+from data_juicer_elastic.prepare.source import read_blocks
 from data_juicer_elastic.storage.bulk_write import BulkWriter
 
 BLOCK = 1 << 20
@@ -175,27 +177,22 @@ def _chunks(path: str, start: int, end: int) -> Iterator[tuple[list[bytes], list
     its newline (file end) gets one added.
     """
     carry: list[bytes] = []
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        pos = start
-        while pos < end:
-            block = os.pread(fd, min(BLOCK, end - pos), pos)
-            if not block:
-                raise _ShortRead
-            pos += len(block)
-            _advance(len(block))
-            lines, tail = split_lines(block)
-            if not lines:
-                carry.append(block)
-                continue
-            raw: list[bytes | memoryview] = [memoryview(block)[: len(block) - len(tail)]]
-            if carry:
-                lines[0] = b"".join(carry) + lines[0]
-                raw = [*carry, *raw]
-            carry = [tail] if tail else []
-            yield lines, raw
-    finally:
-        os.close(fd)
+    pos = start
+    for block in read_blocks(path, start, end, BLOCK):
+        pos += len(block)
+        _advance(len(block))
+        lines, tail = split_lines(block)
+        if not lines:
+            carry.append(block)
+            continue
+        raw: list[bytes | memoryview] = [memoryview(block)[: len(block) - len(tail)]]
+        if carry:
+            lines[0] = b"".join(carry) + lines[0]
+            raw = [*carry, *raw]
+        carry = [tail] if tail else []
+        yield lines, raw
+    if pos < end:
+        raise _ShortRead
     if carry:
         line = b"".join(carry)
         yield [line + b"\n"], [line, b"\n"]
@@ -248,34 +245,16 @@ def range_lines(path: str, start: int, end: int) -> Iterator[bytes]:
 
 def count_rows(path: str, start: int, end: int) -> int:
     """Rows in [start, end): newlines, plus a last line without one."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        rows, pos, last = 0, start, b"\n"
-        while pos < end:
-            block = os.pread(fd, min(BLOCK, end - pos), pos)
-            if not block:
-                raise UserError(
-                    f"{path}: got shorter while prepare read it; wait until nothing writes it, then prepare again"
-                )
-            rows += block.count(b"\n")
-            pos += len(block)
-            last = block[-1:]
-    finally:
-        os.close(fd)
+    rows, pos, last = 0, start, b"\n"
+    for block in read_blocks(path, start, end, BLOCK):
+        rows += block.count(b"\n")
+        pos += len(block)
+        last = block[-1:]
+    if pos < end:
+        raise UserError(f"{path}: got shorter while prepare read it; wait until nothing writes it, then prepare again")
     return rows + (last != b"\n")
 
 
 def newlines_before(path: str, offset: int) -> int:
     """How many lines of ``path`` come before byte ``offset`` (to report file:line)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        count, pos = 0, 0
-        while pos < offset:
-            block = os.pread(fd, min(BLOCK, offset - pos), pos)
-            if not block:
-                break
-            count += block.count(b"\n")
-            pos += len(block)
-    finally:
-        os.close(fd)
-    return count
+    return sum(block.count(b"\n") for block in read_blocks(path, 0, offset, BLOCK))

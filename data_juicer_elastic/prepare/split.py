@@ -6,6 +6,8 @@ moved forward to the next line start. Where targets collide (very long lines,
 few rows) the largest range that still holds two or more lines is split until
 there are exactly n non-empty ranges, or it is clear there are fewer than n
 rows. Nothing here parses JSON: validation happens when the shards are written.
+On an s3:// input each first search is a ranged GET, so they run ``parallel``
+at a time (the answers do not depend on their order).
 """
 
 from __future__ import annotations
@@ -13,7 +15,11 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+
+from data_juicer_elastic.prepare.source import read_blocks
 
 SCAN = 1 << 20
 
@@ -38,6 +44,7 @@ class Stream:
 
     def __init__(self, paths: list[str], sizes: list[int]) -> None:
         self.paths = paths
+        self._lock = threading.Lock()  # the scan cache below, when searches run on several threads
         self.offsets = [0]
         for size in sizes:
             self.offsets.append(self.offsets[-1] + size)
@@ -56,14 +63,17 @@ class Stream:
         i = bisect.bisect_right(self.offsets, pos) - 1
         if pos == self.offsets[i]:
             return pos
-        k = bisect.bisect_left(self._answers, pos)
-        if k < len(self._answers) and self._low[self._answers[k]] <= pos:
-            return self._answers[k]  # inside a stretch scanned before (one huge line, many targets)
-        nl = _find_newline(self.paths[i], pos - self.offsets[i] - 1)
+        with self._lock:
+            k = bisect.bisect_left(self._answers, pos)
+            if k < len(self._answers) and self._low[self._answers[k]] <= pos:
+                return self._answers[k]  # inside a stretch scanned before (one huge line, many targets)
+        size = self.offsets[i + 1] - self.offsets[i]
+        nl = _find_newline(self.paths[i], pos - self.offsets[i] - 1, size)
         answer = self.offsets[i + 1] if nl < 0 else self.offsets[i] + nl + 1
-        if answer not in self._low:
-            bisect.insort(self._answers, answer)
-        self._low[answer] = min(pos, self._low.get(answer, pos))
+        with self._lock:
+            if answer not in self._low:
+                bisect.insort(self._answers, answer)
+            self._low[answer] = min(pos, self._low.get(answer, pos))
         return answer
 
     def pieces(self, start: int, end: int) -> list[Piece]:
@@ -79,23 +89,29 @@ class Stream:
         return out
 
 
-def _find_newline(path: str, pos: int) -> int:
-    """Offset of the first b"\\n" at or after ``pos`` in ``path``, or -1."""
-    with open(path, "rb", buffering=0) as f:
-        f.seek(pos)
-        while block := f.read(SCAN):
-            hit = block.find(b"\n")
-            if hit >= 0:
-                return pos + hit
-            pos += len(block)
+def _find_newline(path: str, pos: int, size: int) -> int:
+    """Offset of the first b"\\n" at or after ``pos`` in ``path`` (``size`` bytes long), or -1."""
+    for block in read_blocks(path, pos, size, SCAN):
+        hit = block.find(b"\n")
+        if hit >= 0:
+            return pos + hit
+        pos += len(block)
     return -1
 
 
-def plan(paths: list[str], sizes: list[int], n: int) -> tuple[Stream, list[tuple[int, int]]]:
-    """Exactly ``n`` non-empty contiguous global ranges covering the input, balanced by bytes."""
+def plan(paths: list[str], sizes: list[int], n: int, parallel: int = 1) -> tuple[Stream, list[tuple[int, int]]]:
+    """Exactly ``n`` non-empty contiguous global ranges covering the input, balanced by bytes.
+
+    ``parallel``: how many first searches run at once (threads; 1: one after another).
+    """
     stream = Stream(paths, sizes)
     total = stream.total
-    cuts = {stream.line_start_at_or_after(k * total // n) for k in range(1, n)}
+    targets = [k * total // n for k in range(1, n)]
+    if parallel > 1 and len(targets) > 1:
+        with ThreadPoolExecutor(min(parallel, len(targets))) as pool:
+            cuts = set(pool.map(stream.line_start_at_or_after, targets))
+    else:
+        cuts = {stream.line_start_at_or_after(t) for t in targets}
     cuts.discard(0)
     cuts.discard(total)
     _split_until(stream, cuts, n)
