@@ -22,20 +22,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import orjson
 
 from data_juicer_elastic.errors import UserError
 from data_juicer_elastic.folder_export import PART_RE, SUCCESS
 from data_juicer_elastic.storage.keys import normalise_prefix
+from data_juicer_elastic.storage.urls import SCHEME, is_s3, split_s3
 
-SCHEME = "s3://"
 STAGING = "s3-export"  # the local folder export staged in the generation folder (links), removed after upload
-
-
-def is_s3(output: str | os.PathLike) -> bool:
-    return os.fspath(output).lower().startswith(SCHEME)
 
 
 def location(output: str) -> str:
@@ -47,14 +42,14 @@ def location(output: str) -> str:
 
 
 def _split(url: str) -> tuple[str, str]:
-    parts = urlsplit(url)
     try:
-        key = normalise_prefix(parts.path.lstrip("/"))
+        bucket, key = split_s3(url)
+        key = normalise_prefix(key)
     except ValueError as exc:
-        raise UserError(f"{url}: {exc}") from exc
-    if not parts.netloc or not key or parts.query or parts.fragment:
+        raise UserError(f"{url}: {exc}" if url not in str(exc) else str(exc)) from None
+    if not key:
         raise UserError(f"{url}: an S3 export path is s3://bucket/key (a file) or s3://bucket/prefix/ (a folder)")
-    return parts.netloc, key
+    return bucket, key
 
 
 def store_of(url: str, folder: bool) -> tuple[Any, str]:

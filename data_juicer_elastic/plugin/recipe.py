@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from data_juicer_elastic.plugin.schema import KEY
-from data_juicer_elastic.s3_export import is_s3
+from data_juicer_elastic.storage.urls import is_s3
 
 INNER_EXECUTOR = "ray"
 _ABSOLUTE_KEYS = ("dataset_path", "export_path", "work_dir")

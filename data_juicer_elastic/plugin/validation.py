@@ -21,8 +21,9 @@ from data_juicer_elastic.errors import UserError
 from data_juicer_elastic.plugin.schema import KEY, settings_from_cfg
 from data_juicer_elastic.prepare.inputs import SUFFIXES
 from data_juicer_elastic.prepare.source import split_s3_url
-from data_juicer_elastic.s3_export import is_s3, location
+from data_juicer_elastic.s3_export import location
 from data_juicer_elastic.storage.mounts import is_url, job_dir_problem
+from data_juicer_elastic.storage.urls import is_s3
 
 INPUT_SUFFIXES = tuple(SUFFIXES)  # what prepare reads
 MEDIA_KEY_OPTIONS = ("image_key", "audio_key", "video_key")

@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from data_juicer_elastic.errors import UserError
 from data_juicer_elastic.prepare.source import s3_objects, split_s3_url
-from data_juicer_elastic.s3_export import SCHEME, is_s3
 from data_juicer_elastic.storage.blocks import blocks
+from data_juicer_elastic.storage.urls import SCHEME, is_s3
 
 if TYPE_CHECKING:
     from data_juicer_elastic.storage.s3 import ObjectInfo

@@ -12,28 +12,17 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Iterator
-from urllib.parse import urlsplit
 
 from data_juicer_elastic.errors import UserError
-from data_juicer_elastic.s3_export import SCHEME, is_s3
+from data_juicer_elastic.storage.urls import is_s3, split_s3
 
 
 def split_s3_url(url: str) -> tuple[str, str]:
-    """``s3://bucket/key`` -> (bucket, key); the key exactly as written ("" for the whole bucket).
-
-    Credentials never travel in the URL (it is recorded in the manifest and logs): boto3's chain finds them.
-    """
-    parts = urlsplit(url)
-    if parts.username is not None or parts.password is not None:
-        raise UserError(
-            f"s3://{parts.hostname}/...: the URL holds credentials; remove them (boto3 reads AWS_PROFILE, "
-            "AWS_ACCESS_KEY_ID or the instance's role)"
-        )
-    if not parts.netloc:
-        raise UserError(f"{url}: an s3:// URL names a bucket (s3://bucket/prefix/data.jsonl)")
-    if parts.query or parts.fragment:
-        raise UserError(f"{url}: an s3:// input URL takes no query or fragment ('?', '#')")
-    return parts.netloc, url[len(SCHEME) + len(parts.netloc) :].removeprefix("/")
+    """``s3://bucket/key`` -> (bucket, key) as ``storage.urls.split_s3`` splits it; a bad URL is the user's error."""
+    try:
+        return split_s3(url)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
 
 
 @functools.cache

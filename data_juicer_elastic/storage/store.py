@@ -15,6 +15,7 @@ from typing import Protocol, runtime_checkable
 from urllib.parse import unquote, urlsplit
 
 from data_juicer_elastic.storage.keys import Entry, Meta, Ver, is_internal, normalise_key, normalise_prefix
+from data_juicer_elastic.storage.urls import split_s3
 
 __all__ = ["Entry", "Meta", "Store", "Ver", "is_internal", "normalise_key", "normalise_prefix", "store_for"]
 
@@ -113,11 +114,8 @@ def store_for(url: str, *, endpoint_url: str | None = None, dialect: str = "s3")
 
         return PosixStore(Path(unquote(parts.path)))
     if scheme == "s3":
-        if not parts.netloc:
-            raise ValueError(f"{url}: an s3:// URL names a bucket (s3://bucket/prefix)")
-        if parts.query or parts.fragment:
-            raise ValueError(f"{url}: an s3:// URL takes no query or fragment")
         from data_juicer_elastic.storage.s3 import S3Store
 
-        return S3Store(parts.netloc, normalise_prefix(unquote(parts.path).lstrip("/")), endpoint_url, dialect)
+        bucket, key = split_s3(url)
+        return S3Store(bucket, normalise_prefix(unquote(key).lstrip("/")), endpoint_url, dialect)
     raise ValueError(f"{url}: unknown storage scheme {scheme!r}; use a path, file:// or s3:// (any S3 endpoint)")

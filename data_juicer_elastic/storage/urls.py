@@ -1,0 +1,32 @@
+"""s3:// URLs, spelled and split one way for the job dir's store, prepare's input and the merge's export."""
+
+from __future__ import annotations
+
+import os
+from urllib.parse import urlsplit
+
+SCHEME = "s3://"
+
+
+def is_s3(path: str | os.PathLike) -> bool:
+    return os.fspath(path).lower().startswith(SCHEME)
+
+
+def split_s3(url: str) -> tuple[str, str]:
+    """``s3://bucket/key`` -> (bucket, key), the key exactly as written ("" for the whole bucket).
+
+    ValueError, naming what to change, for a URL without a bucket, with a
+    query or fragment, or with credentials in it: they would be recorded in
+    the manifest and logs, and boto3's own chain finds them anyway.
+    """
+    parts = urlsplit(url)
+    if parts.username is not None or parts.password is not None:
+        raise ValueError(
+            f"s3://{parts.hostname}/...: the URL holds credentials; remove them (boto3 reads AWS_PROFILE, "
+            "AWS_ACCESS_KEY_ID or the instance's role)"
+        )
+    if not parts.netloc:
+        raise ValueError(f"{url}: an s3:// URL names a bucket (s3://bucket/prefix/data.jsonl)")
+    if parts.query or parts.fragment:
+        raise ValueError(f"{url}: an s3:// URL takes no query or fragment ('?', '#')")
+    return parts.netloc, url[len(SCHEME) + len(parts.netloc) :].removeprefix("/")
