@@ -51,7 +51,7 @@ def give_back(
     if _published_attempt(job, sid) != attempt:
         steps = (
             lambda: (adir / AttemptDir.OUTPUT).unlink(missing_ok=True),  # frees the space it took
-            lambda: write_attempt(adir, record.finish("no-space", f"no space left on device writing {exc.path}")),
+            lambda: write_attempt(job, record.finish("no-space", f"no space left on device writing {exc.path}")),
         )
         for step in steps:
             try:
