@@ -141,7 +141,7 @@ class Attempt:
             if (signum := received()) is not None:  # the runner wrapped our Interrupted in its own error
                 raise Interrupted(signum) from exc
             if full := disk_full_in(exc):
-                error = give_back(self.job, self.store, self.lease, self.record, NoSpace(self.output, full), self.log)
+                error = give_back(self.job, self.store, self.lease, self.end, NoSpace(self.output, full), self.log)
                 raise error from exc
             self.fail(exc)
             return None
@@ -193,7 +193,7 @@ class Attempt:
         if self.beat is not None:  # None: stopped before open() started it
             self.beat.__exit__(None, None, None)
         try:
-            self._end(outcome, error)
+            self.end(outcome, error)
         except OSError:
             pass
         self.store.release(self.lease)
@@ -304,7 +304,7 @@ class Attempt:
         log_path = self.adir / AttemptDir.LOG
         with open(log_path, "a", encoding="utf-8") as f:
             f.write("\n" + "".join(traceback.format_exception(exc)))
-        self._end("failed", error)
+        self.end("failed", error)
         failures = failure_count(self.job, self.lease.shard, self.lease.attempt)
         self.log(f"{self.name} failed ({failures} failure(s)): {one_line(error, 300)}; log: {log_path}")
         if terminal or (failures > self.policy.max_retries and not self._backup_live()):
@@ -328,14 +328,15 @@ class Attempt:
             if outcome is None:
                 self._write(self.record)
             else:
-                self._end(outcome, error)
+                self.end(outcome, error)
 
-    def _end(self, outcome: str, error: str | None = None) -> None:
+    def end(self, outcome: str, error: str | None = None) -> None:
+        """Record how the attempt ended, in the version of its record this attempt's last write left."""
         self._write(self.record.finish(outcome, error))
 
     def _write(self, record: AttemptRecord) -> None:
         """Create the record (the first write), then replace the version this attempt's last write left."""
-        self.ver = write_attempt(self.job, record, self.ver, first=self.ver is None)
+        self.ver = write_attempt(self.job, record, self.ver)
 
 
 def verified_shard(job: JobDir, sid: str) -> Path:

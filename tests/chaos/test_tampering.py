@@ -285,7 +285,7 @@ def test_an_attempt_record_rewritten_by_another_writer_is_refused_not_overwritte
     job = make_job(tmp_path, rows=10, shards=1)
     sid = job.manifest().shards[0].id
     record = AttemptRecord(sid, 1, "node-a", 11, "t", 1.0, 1.0, None, False)
-    ver = write_attempt(job, record, first=True)
+    ver = write_attempt(job, record)
     ver = write_attempt(job, record, ver)  # the worker's own version: replaced
     path = job.attempt_dir(sid, 1) / "attempt.json"
     foreign = b'{"outcome": "done", "host": "intruder"}\n'
@@ -293,7 +293,7 @@ def test_an_attempt_record_rewritten_by_another_writer_is_refused_not_overwritte
     with pytest.raises(IntegrityError, match="written by something other than the worker"):
         write_attempt(job, record.finish("failed", "boom"), ver)
     with pytest.raises(IntegrityError, match="written by something other than the worker"):
-        write_attempt(job, record, first=True)  # a second first write: the name is taken
+        write_attempt(job, record)  # a second first write (a create): the name is taken
     assert path.read_bytes() == foreign
 
 

@@ -65,17 +65,17 @@ def attempt_file(attempt_dir: Path) -> Path:
     return attempt_dir / AttemptDir.RECORD
 
 
-def write_attempt(job: JobDir, record: AttemptRecord, ver: Ver | None = None, *, first: bool = False) -> Ver:
+def write_attempt(job: JobDir, record: AttemptRecord, ver: Ver | None = None) -> Ver:
     """Put ``record`` on the store whole; the version written, for the writer's next call.
 
-    ``first``: the attempt's first write, a create (a record already there was written by something other
-    than this attempt). Later: a replace, conditional on ``ver`` when the writer holds it (the version its
-    own last write returned). Either refused raises IntegrityError; nothing is written then. POSIX fsyncs
-    the bytes before the rename or link (over sshfs a rename can otherwise reach the server before the
-    bytes, and another node reads a cut record).
+    Without ``ver``: the attempt's first write, a create (a record already there was written by something
+    other than this attempt). With it: a replace, only while the record still has ``ver`` (the version the
+    writer's own last write returned). Either refused raises IntegrityError; nothing is written then.
+    POSIX fsyncs the bytes before the link or rename (over sshfs a rename can otherwise reach the server
+    before the bytes, and another node reads a cut record).
     """
     key, data = job.attempt_key(record.shard, record.attempt), dumps_json(record.to_dict())
-    if first:
+    if ver is None:
         meta = job.store.create(key, data)
         written = None if meta is None else meta.ver
     else:
