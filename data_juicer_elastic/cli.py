@@ -30,6 +30,7 @@ from jsonargparse import ArgumentParser, Namespace
 from data_juicer_elastic.errors import ElasticError, UserError
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.status import describe_error_rows, error_rows_by_shard, first_line
+from data_juicer_elastic.storage.mounts import job_dir_problem
 from data_juicer_elastic.worker.speculation import Speculation
 
 
@@ -38,8 +39,17 @@ def _job_dir_arg(p: ArgumentParser) -> None:
     p.add_argument("--generation", default=None, help="the recipe generation to act on; null: the latest submission's")
 
 
+def _job_root(a: Namespace) -> str:
+    """``--job-dir`` once checked, before anything reads or writes it: a URL or an object store behind FUSE
+    is refused (exit 2), so ``s3://b/x`` is never taken for the relative folder ``s3:/b/x``."""
+    problem = job_dir_problem(a.job_dir, "--job-dir")
+    if problem:
+        raise UserError(problem)
+    return a.job_dir
+
+
 def _job(a: Namespace) -> JobDir:
-    return JobDir(a.job_dir, a.generation)
+    return JobDir(_job_root(a), a.generation)
 
 
 # the recipe's elastic_shard keys `dj-elastic prepare` can override
@@ -201,7 +211,7 @@ def cmd_worker(a: Namespace) -> int:
     from data_juicer_elastic.worker.loop import run_worker
     from data_juicer_elastic.worker.runner import load_runner
 
-    job = JobDir(a.job_dir, a.generation, shared_link_check=True)  # shards/ listed once per change, not per worker
+    job = JobDir(_job_root(a), a.generation, shared_link_check=True)  # shards/ listed once per change, not per worker
     check_versions(job.manifest().versions, allow_mismatch=a.allow_version_mismatch)
     if a.runner:
         runner = load_runner(a.runner)
@@ -235,7 +245,7 @@ def cmd_status(a: Namespace) -> int:
     if a.watch:
         from data_juicer_elastic.watch import watch
 
-        return watch(str(_job(a).gen_dir) if a.generation else a.job_dir, a.interval)
+        return watch(str(_job(a).gen_dir) if a.generation else _job_root(a), a.interval)
     per_shard = a.shards or a.all
     collecting = gc.isenabled()
     gc.disable()  # 100,000s of objects and no cycles are made here: the collector would only walk them

@@ -238,7 +238,7 @@ def merged_already(job: JobDir, output: str) -> dict | None:
     if st != {k: stat.get(k) for k in st}:
         return None
     merged = [(s.get("shard"), s.get("attempt"), s.get("sha256")) for s in record["shards"] if isinstance(s, dict)]
-    shards = [spec.id for spec in job.manifest().shards]
+    shards = job.manifest().shards.ids()
     done = load_done_many(job, shards)
     current = [_merged_key(sid, done.get(sid)) for sid in shards]
     return record if merged == current else None
@@ -283,19 +283,18 @@ def _check_target(out: Path, overwrite: bool) -> None:
 
 
 def _all_done(job: JobDir) -> list[Done]:
-    specs = job.manifest().shards
     records: list[Done] = []
     missing = []
-    for spec in specs:
-        record = load_done(job, spec.id)
+    for sid in job.manifest().shards.ids():
+        record = load_done(job, sid)
         if record is None:
-            missing.append(spec.id)
+            missing.append(sid)
         else:
             records.append((record, record.output_path(job)))
     if missing:
         shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
         raise IntegrityError(
-            f"{job.root}: {len(missing)} of {len(specs)} shards are not done ({shown}); "
+            f"{job.root}: {len(missing)} of {len(job.manifest().shards)} shards are not done ({shown}); "
             "run workers until `dj-elastic status` shows every shard done, then merge"
         )
     return records

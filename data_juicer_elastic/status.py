@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from data_juicer_elastic.errors import IntegrityError, one_line
@@ -81,21 +82,22 @@ def job_status(job: JobDir, *, details: bool = True, per_shard: bool = True) -> 
     store = claim_store(job)
     done, failed = job.done_ids(), job.failed_ids()
     latest = store.latest_attempts()
-    now = store.now() if len(done) + len(failed) < len(manifest.shards) else time.time()
-    records = load_done_many(job, (spec.id for spec in manifest.shards if spec.id in done))
+    ids = manifest.shards.ids()
+    now = store.now() if len(done) + len(failed) < len(ids) else time.time()
+    records = load_done_many(job, (sid for sid in ids if sid in done))
     shards: list[ShardStatus] = []
     book: list[RateBook] = []  # the job's rate, read only if a backup runs
-    for spec in manifest.shards:
-        attempts = latest.get(spec.id, 0)
-        if spec.id in done:
-            s = _done_status(spec.id, spec.rows, attempts, records.get(spec.id))
+    for sid, rows in zip(ids, manifest.shards.rows, strict=True):
+        attempts = latest.get(sid, 0)
+        if sid in done:
+            s = _done_status(sid, rows, attempts, records.get(sid))
             if not details or attempts <= 1:
                 shards.append(s)
                 continue
-            s.lost = lost_attempts(job, spec.id, attempts - 1)
+            s.lost = lost_attempts(job, sid, attempts - 1)
             shards.append(s)
             continue
-        shards.append(_unfinished(job, store, spec.id, spec.rows, attempts, spec.id in failed, done, now, book))
+        shards.append(_unfinished(job, store, sid, rows, attempts, sid in failed, done, now, book))
     good = [r for r in records.values() if isinstance(r, DoneRecord)]
     starts = [r.started_at for r in good if r.started_at is not None]
     ends = [r.finished_at for r in good if r.finished_at is not None]
@@ -146,8 +148,8 @@ def job_summary(job: JobDir) -> JobStatus:
     """
     manifest = job.manifest()
     store = claim_store(job)
-    rows = {s.id: s.rows for s in manifest.shards}
-    done, failed = job.done_ids() & rows.keys(), job.failed_ids() & rows.keys()
+    rows = manifest.shards.rows_by_id()
+    done, failed = {s for s in job.done_ids() if s in rows}, {s for s in job.failed_ids() if s in rows}
     latest = _latest_attempts(job, rows)
     now = store.now() if len(done) + len(failed) < len(rows) else time.time()
     shards: list[ShardStatus] = []
@@ -188,7 +190,7 @@ def job_summary(job: JobDir) -> JobStatus:
     )
 
 
-def _latest_attempts(job: JobDir, rows: dict[str, int]) -> dict[str, int]:
+def _latest_attempts(job: JobDir, rows: Mapping[str, int]) -> dict[str, int]:
     """``ClaimStore.latest_attempts`` for the manifest's shards (one listing; a name is split, not matched)."""
     latest: dict[str, int] = {}
     for name in os.listdir(job.claims_dir):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from data_juicer_elastic.coordination.rundir import EXIT_OK, Outcome, read_outcome
 from data_juicer_elastic.storage.files import read_record
+from data_juicer_elastic.storage.posix import PosixStore
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,8 @@ def run_summaries(job_dir: str | os.PathLike) -> list[RunSummary]:
 
 def _summary(run: Path) -> RunSummary:
     info = read_record(run / "run.json")
-    prepare_result, finalize = read_outcome(run / "prepare.result.json"), read_outcome(run / "finalize.result.json")
+    store = PosixStore(run)
+    prepare_result, finalize = read_outcome(store, "prepare.result.json"), read_outcome(store, "finalize.result.json")
     failed_prepare = prepare_result if prepare_result and prepare_result.exit_code else None
     hosts_dir, members_dir = run / "hosts", run / "members"
     loops = [read_record(hosts_dir / n) for n in (os.listdir(hosts_dir) if hosts_dir.is_dir() else ())]
@@ -55,7 +57,7 @@ def _summary(run: Path) -> RunSummary:
         claim_loops={b["host"]: b.get("pid", 0) for b in loops if "host" in b},
         members=sorted({m["host"] for m in members if "host" in m}),
         finalized_by=f"{finalize.host} pid {finalize.pid}" if finalize and finalize.host else "",
-        outcome=finalize or read_outcome(run / "abort.json") or failed_prepare,
+        outcome=finalize or read_outcome(store, "abort.json") or failed_prepare,
     )
 
 

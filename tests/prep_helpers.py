@@ -9,7 +9,7 @@ from pathlib import Path
 
 import orjson
 
-from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.job.layout import JobDir, shard_id
 from data_juicer_elastic.job.manifest import Policy
 from data_juicer_elastic.job.records.done import DoneRecord, expected_output, publish_done
 from data_juicer_elastic.prepare.driver import PrepareRequest, PrepareResult, prepare
@@ -102,3 +102,18 @@ def finish_all(job: JobDir, hosts: tuple[str, ...] = ("node-a",)) -> None:
         result = run_worker(job.root, copy, host=hosts[i % len(hosts)], max_shards=1, log=lambda *_: None)
         assert result.exit_code == 0 and len(result.completed) == 1, result
     assert len(job.done_ids()) == total
+
+
+def shard_files(job_dir: Path) -> list[Path]:
+    """The shards' files in order (``shards/`` also holds the manifest's shard table)."""
+    return sorted((job_dir / "shards").glob("part-*.jsonl"))
+
+
+def with_inline_shards(job_dir: Path, raw: dict) -> dict:
+    """``raw`` (manifest.json's content) as schemas before 6 wrote it: every shard listed inside it."""
+    lines = (job_dir / "shards" / "_table.jsonl").read_bytes().splitlines()
+    n = len(lines)
+    shards = [
+        {"id": shard_id(i, n), "path": f"shards/{shard_id(i, n)}.jsonl", **orjson.loads(x)} for i, x in enumerate(lines)
+    ]
+    return {**{k: v for k, v in raw.items() if k != "shard_table"}, "shards": shards}

@@ -26,7 +26,7 @@ from data_juicer_elastic.worker.loop import run_worker
 
 from .cluster import Cluster, count, finish
 from .jobs import RECIPE, make_job, stat_of, tree_stats
-from .prep_helpers import shard_bytes
+from .prep_helpers import shard_bytes, with_inline_shards
 from .runners import copy
 
 
@@ -105,7 +105,7 @@ def _as_schema_3(job: JobDir) -> None:
             shutil.rmtree(path)
         else:
             path.unlink()
-    raw = orjson.loads(job.manifest_path.read_bytes())
+    raw = with_inline_shards(job.root, orjson.loads(job.manifest_path.read_bytes()))  # schema 3 listed them inline
     raw["schema_version"] = 3
     raw["digest"] = manifest_digest(raw)
     job.manifest_path.write_bytes(dumps_json(raw))

@@ -349,6 +349,7 @@ def test_validation_names_every_offending_op(tmp_path, parse):
     "change, expected",
     [
         ({"elastic_shard": {}}, "elastic_shard.job_dir is not set"),
+        ({"elastic_shard": {"job_dir": "s3://bucket/jobs/run-1"}}, r"object-store job dirs .* are not supported yet"),
         ({"dataset_path": "s3://bucket/data.jsonl"}, "is remote"),
         ({"dataset_path": "/nonexistent/data.jsonl"}, "does not exist"),
         ({"dataset_path": str(REPO / "setup.cfg")}, "is not JSONL"),
@@ -360,16 +361,34 @@ def test_validation_names_every_offending_op(tmp_path, parse):
     ],
 )
 def test_validation_of_paths_and_settings(tmp_path, parse, change, expected):
+    with pytest.raises(UserError, match=expected):
+        parse("--config", str(one_op_recipe(tmp_path, **change)))
+
+
+def one_op_recipe(tmp_path: Path, **change) -> Path:
+    """A valid elastic_shard recipe of one mapper (job dir ``tmp_path/job``), with ``change`` applied."""
     recipe = {
         "dataset_path": str(REPO / "demos/data/text"),
         "export_path": str(tmp_path / "out.jsonl"),
         "executor_type": "elastic_shard",
         "elastic_shard": {"job_dir": str(tmp_path / "job")},
         "process": [{"whitespace_normalization_mapper": None}],
+        **change,
     }
-    recipe.update(change)
-    with pytest.raises(UserError, match=expected):
-        parse("--config", str(write_recipe(tmp_path / "r.yaml", **recipe)))
+    return write_recipe(tmp_path / "r.yaml", **recipe)
+
+
+def test_a_job_dir_on_an_object_store_mount_is_refused_at_parse_time(tmp_path, parse, monkeypatch):
+    """The parse-time check reads the mount table (here a fake one, through the test-only variable)."""
+    from data_juicer_elastic.storage.mounts import MOUNTINFO_ENV
+
+    mountinfo = tmp_path / "mountinfo"
+    root, bucket = "22 1 8:1 / / rw - ext4 /dev/sda1 rw", f"30 22 0:50 / {tmp_path.resolve()} rw - fuse.s3fs s3fs rw"
+    mountinfo.write_text(f"{root}\n{bucket}\n")
+    monkeypatch.setenv(MOUNTINFO_ENV, str(mountinfo))
+    with pytest.raises(UserError, match=rf"elastic_shard.job_dir {tmp_path / 'job'} is on a fuse.s3fs mount"):
+        parse("--config", str(one_op_recipe(tmp_path)))
+    assert not (tmp_path / "job").exists()
 
 
 def test_other_executor_types_are_not_validated(tmp_path, parse):

@@ -89,7 +89,7 @@ def test_prepare_takes_the_recipe_and_command_line_overrides(demo, prepare_here)
     code, err = prepare_here(*args)
     assert code == 0, err[-3000:]
     m = manifest(job)
-    assert len(m["shards"]) == 3 and m["policy"]["max_retries"] == 5
+    assert len(m["shard_table"]["rows"]) == 3 and m["policy"]["max_retries"] == 5
     assert m["dataset_path"] == str(demo / "demos/data/text/books.jsonl") and m["total_rows"] == 120
     snapshot = yaml.safe_load(JobDir(job).recipe_path.read_text())
     assert snapshot["executor_type"] == "ray" and "elastic_shard" not in snapshot  # what each shard runs

@@ -28,6 +28,7 @@ from data_juicer_elastic.job.manifest import Policy
 from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
 from data_juicer_elastic.ray_runner.arrow_schema import arrow_schema, shard_facts
 
+from .prep_helpers import shard_files, with_inline_shards
 from .reference import dj_process, read_rows, run_reference
 
 G = 6  # rows per group; group g lands in shard g
@@ -89,7 +90,7 @@ def request(data: Path, job: Path, shards: int = 4) -> PrepareRequest:
 
 def groups_are_shards(job: Path) -> None:
     """The layout the traps rely on: group g of rows is shard g."""
-    shards = sorted((job / "shards").iterdir())
+    shards = shard_files(job)
     assert [[json.loads(x)["id"] for x in p.read_bytes().splitlines()] for p in shards] == [
         list(range(g * G, (g + 1) * G)) for g in range(GROUPS)
     ]
@@ -124,7 +125,7 @@ def test_prepare_records_the_whole_inputs_columns_and_each_shard_reads_like_the_
     for name in schema.names:  # the same types, but strings never become timestamps
         assert schema.field(name).type == no_timestamps(whole.schema.field(name).type), name
     groups_are_shards(tmp_path / "job")
-    shards = sorted((tmp_path / "job" / "shards").iterdir())
+    shards = shard_files(tmp_path / "job")
     rows = []
     for path in shards:
         facts = shard_facts(str(path))
@@ -183,7 +184,7 @@ def test_a_job_dir_prepared_before_schema_5_reads_as_before_and_says_so(tmp_path
     write_traps(data)
     prepare(request(data, tmp_path / "job", GROUPS), log=lambda *_: None)
     manifest = tmp_path / "job" / "manifest.json"
-    raw = json.loads(manifest.read_text())
+    raw = with_inline_shards(tmp_path / "job", json.loads(manifest.read_text()))
     raw.pop("columns")
     for shard in raw["shards"]:
         shard.pop("longest_line")
@@ -192,7 +193,7 @@ def test_a_job_dir_prepared_before_schema_5_reads_as_before_and_says_so(tmp_path
     manifest.write_text(json.dumps(raw))
     module._cache.clear()
     said: list[str] = []
-    shard = sorted((tmp_path / "job" / "shards").iterdir())[0]
+    shard = shard_files(tmp_path / "job")[0]
     for _ in range(2):
         facts = shard_facts(str(shard), said.append)
         assert facts is not None and facts.parse_options is None and facts.longest_line is None
@@ -432,7 +433,7 @@ def test_the_runner_reads_the_recorded_longest_line_instead_of_scanning(tmp_path
     data.write_text(json.dumps({"text": "a"}) + "\n" + long_row + json.dumps({"text": "b"}) + "\n")
     result = prepare(request(data, tmp_path / "job", 2), log=lambda *_: None)
     assert sorted(s.longest_line for s in result.manifest.shards)[-1] == len(long_row)
-    shards = sorted((tmp_path / "job" / "shards").iterdir())
+    shards = shard_files(tmp_path / "job")
     scanned = [shard_errors.longest_line(str(p)) for p in shards]
 
     def scan(_: str) -> int:

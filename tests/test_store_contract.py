@@ -24,7 +24,7 @@ import pytest
 from data_juicer_elastic.errors import UserError
 from data_juicer_elastic.storage import probe
 from data_juicer_elastic.storage.posix import PosixStore
-from data_juicer_elastic.storage.probe import StoreRefused, check_create_once
+from data_juicer_elastic.storage.probe import Capabilities, StoreRefused, check_create_once, probe_store
 from data_juicer_elastic.storage.store import Meta, Store, Ver, normalise_key, store_for
 from tests.s3server import s3_server
 
@@ -48,6 +48,13 @@ def moto_env() -> Iterator[dict[str, str]]:
 def moto_env_no_create_once() -> Iterator[dict[str, str]]:
     """A server whose middleware strips If-None-Match: a store that ignores create-once."""
     with s3_server(BUCKET, strip=["If-None-Match"]) as env:
+        yield env
+
+
+@pytest.fixture(scope="module")
+def moto_env_no_if_match() -> Iterator[dict[str, str]]:
+    """A server whose middleware strips If-Match: a store that ignores conditional replaces."""
+    with s3_server(BUCKET, strip=["If-Match"]) as env:
         yield env
 
 
@@ -400,6 +407,35 @@ def test_probe_passes_and_leaves_nothing(store: Store, monkeypatch: pytest.Monke
     monkeypatch.setattr(probe, "probe_key", lambda: key)
     check_create_once(store)
     assert store.head(key) is None
+
+
+def test_probe_finds_if_match_kept_and_leaves_nothing(store: Store, monkeypatch: pytest.MonkeyPatch):
+    keys = iter([f".probe/test-{uuid.uuid4().hex[:8]}" for _ in range(2)])
+    used: list[str] = []
+    monkeypatch.setattr(probe, "probe_key", lambda: used.append(next(keys)) or used[-1])
+    found = probe_store(store)
+    assert found == Capabilities(if_match=True) and len(used) == 2
+    assert all(store.head(key) is None for key in used)
+    assert found.line(store) == f"store: {store.describe()}: create-once yes, If-Match yes"
+
+
+def test_probe_reports_if_match_off_on_a_store_that_ignores_it(
+    moto_env_no_if_match: dict[str, str], monkeypatch: pytest.MonkeyPatch
+):
+    """Stripped If-Match: a replace on a stale version goes through, so the capability is off; create-once
+    still holds, so the store is not refused."""
+    store = s3_store(monkeypatch, moto_env_no_if_match)
+    found = probe_store(store)
+    assert found == Capabilities(if_match=False)
+    assert found.line(store).endswith("create-once yes, If-Match no")
+    assert list(store.client.list_objects_v2(Bucket=BUCKET, Prefix=store.prefix).get("Contents", [])) == []
+
+
+def test_probe_store_refuses_a_store_that_ignores_if_none_match(
+    moto_env_no_create_once: dict[str, str], monkeypatch: pytest.MonkeyPatch
+):
+    with pytest.raises(StoreRefused, match="If-None-Match"):
+        probe_store(s3_store(monkeypatch, moto_env_no_create_once))
 
 
 def test_probe_refuses_a_store_that_ignores_if_none_match(

@@ -3,8 +3,12 @@
 A run keeps all of it in ``<job_dir>/runs/<run-key>/``, inside the job dir
 (prepare publishes the shards and the manifest around it); a generation's
 finalize elections use the same records in ``generations/<gen>/finalize/``.
-Every record is published once: the first writer wins and nobody reads a half
-record.
+Every record goes through the job dir's store (``storage.store``: keys
+relative to the job root), as an object store will hold it: an election, an
+outcome, the abort and ``run.json`` are ``create``d once (the first writer
+wins and nobody reads a half record), a member record and a succession copy
+are ``replace``d, ages are the store's own clock (``now``, ``head``) and
+members are one ``list``. Folders are made by the store on demand.
 """
 
 from __future__ import annotations
@@ -20,15 +24,10 @@ import orjson
 
 from data_juicer_elastic.coordination.run_id import safe_key
 from data_juicer_elastic.errors import UserError
-from data_juicer_elastic.storage.files import (
-    atomic_write,
-    dumps_json,
-    publish_once,
-    read_json,
-    read_record,
-    server_now,
-)
+from data_juicer_elastic.job.records._read import MISSING, load_key
+from data_juicer_elastic.storage.files import dumps_json
 from data_juicer_elastic.storage.host import holder_gone, identity
+from data_juicer_elastic.storage.posix import PosixStore
 
 EXIT_OK, EXIT_FAILED = 0, 2
 
@@ -56,46 +55,76 @@ class Outcome:
         )
 
 
+def run_key(run_id: str) -> str:
+    """One run's folder as a key of the job dir's store: ``runs/<run-key>``."""
+    return f"runs/{safe_key(run_id)}"
+
+
 def run_root(job_dir: str | os.PathLike, run_id: str) -> Path:
     """Where one run's coordination state lives: ``<job_dir>/runs/<run-key>/``."""
-    return Path(os.path.abspath(job_dir)) / "runs" / safe_key(run_id)
+    return Path(os.path.abspath(job_dir)) / run_key(run_id)
 
 
 @dataclass(frozen=True)
 class RunDir:
-    """One folder of a run's coordination state: elections, outcomes, abort, members."""
+    """One folder of a run's coordination state (elections, outcomes, abort, members), as keys of a store."""
 
-    root: Path
+    store: PosixStore  # the job dir's store, with this process's clock probe in the folder (``at``)
+    prefix: str  # the folder's key: runs/<run-key>, or generations/<gen>/finalize/<key>-<n>
     run_id: str
     host: str
     pid: int
 
     @classmethod
-    def open(cls, root: Path, run_id: str, host: str, subdirs: tuple[str, ...] = ("hosts", "members")) -> RunDir:
+    def at(cls, job_root: Path, prefix: str, run_id: str, host: str, pid: int | None = None) -> RunDir:
+        """The folder ``prefix`` of the job dir ``job_root``; touches nothing.
+
+        Each process ages ballots by its own clock probe, ``<prefix>/clock/<host>-<pid>``, as it always
+        did: no file is touched by every process of the job.
+        """
+        pid = os.getpid() if pid is None else pid
+        store = PosixStore(job_root, clock_key=f"{prefix}/clock/{safe_key(host)}-{pid}")
+        return cls(store, prefix, run_id, host, pid)
+
+    @classmethod
+    def open(cls, job_root: Path, prefix: str, run_id: str, host: str) -> RunDir:
+        """``at``, and ``run.json`` (the run's id and start) created once by whoever comes first."""
+        run = cls.at(job_root, prefix, run_id, host)
         try:
-            for sub in (*subdirs, "clock"):
-                (root / sub).mkdir(parents=True, exist_ok=True)
+            run.store.create(run.key("run.json"), dumps_json({"run_id": run_id, "created_at": time.time()}))
         except OSError as exc:
             raise UserError(
-                f"{root}: cannot create the run's coordination folder ({exc.strerror}); "
+                f"{run.root}: cannot create the run's coordination folder ({exc.strerror or exc}); "
                 "check that the job dir's parent is on the shared filesystem and writable"
             ) from exc
-        publish_once(root / "run.json", dumps_json({"run_id": run_id, "created_at": time.time()}))
-        return cls(root, run_id, host, os.getpid())
+        return run
+
+    @property
+    def root(self) -> Path:
+        return self.store.path(self.prefix)
+
+    def key(self, name: str) -> str:
+        """``name`` (relative to this folder) as a key of ``store``."""
+        return f"{self.prefix}/{name}"
 
     def path(self, name: str) -> Path:
-        return self.root / name
+        """The file of ``name``: for what still works on paths (the ballot's refresher) and for messages."""
+        return self.store.path(self.key(name))
 
     def now(self) -> float:
-        return server_now(self.root / "clock" / f"{safe_key(self.host)}-{self.pid}")
+        return self.store.now()
 
     def register(self, rank: int | None) -> None:
         record = {"host": self.host, "pid": self.pid, "local_rank": rank, "at": time.time()}
-        atomic_write(self.root / "members" / f"{safe_key(self.host)}-{self.pid}.json", dumps_json(record))
+        self.store.replace(self.key(f"members/{safe_key(self.host)}-{self.pid}.json"), dumps_json(record))
 
     def member_hosts(self) -> list[str]:
-        names = [n for n in os.listdir(self.root / "members") if n.endswith(".json") and not n.startswith(".")]
-        return sorted({read_record(self.root / "members" / n).get("host", "?") for n in names})
+        keys = [e.key for e in self.store.list(self.key("members")) if e.key.endswith(".json")]
+        return sorted({_record(self.store, k).get("host", "?") for k in keys})
+
+    def record(self, name: str) -> dict:
+        """The JSON object ``name`` holds; {} when it is missing, unreadable or no object."""
+        return _record(self.store, self.key(name))
 
     def elect(self, name: str, *, replace_gone: bool = False) -> tuple[bool, dict]:
         """Stand in the election ``name``: (won, the winner's ballot).
@@ -105,52 +134,47 @@ class RunDir:
         """
         ballot = {"host": self.host, "at": time.time(), **identity(), "pid": self.pid}
         data = dumps_json(ballot)
-        if publish_once(self.path(name), data):
+        if self.store.create(self.key(name), data) is not None:
             return True, ballot
         if not replace_gone:
-            return False, read_record(self.path(name))
+            return False, self.record(name)
         return self._succeed(name, ballot, data)
 
     def _succeed(self, name: str, ballot: dict, data: bytes) -> tuple[bool, dict]:
         """Take over election ``name`` from gone winners of this host, or find the live winner.
 
-        Succession is a chain of files published once: whoever creates ``<name>.after-<hash of the gone
+        Succession is a chain of keys created once: whoever creates ``<name>.after-<hash of the gone
         ballot>`` (its content: the successor's ballot, byte for byte) succeeds that ballot, so of several
-        restarted processes exactly one does; it then copies its ballot over ``<name>`` for readers. A
+        restarted processes exactly one does; it then replaces ``<name>`` with its ballot for readers. A
         successor that died before (or after) that copy is itself succeeded through the next link, named
         after its own ballot's bytes, so the chain never forks.
         """
-        path = self.path(name)
-        try:
-            with open(path, "rb") as f:
-                current = f.read()
-        except OSError:
-            return False, read_record(path)
+        key = self.key(name)
+        current = _bytes(self.store, key)
+        if current is None:
+            return False, self.record(name)
         while True:
-            held = _ballot(current)
+            held = _object(current)
             if not holder_gone(held, self.host):
                 return False, held
-            link = path.with_name(f"{path.name}.after-{hashlib.sha256(current).hexdigest()[:24]}")
-            if publish_once(link, data):  # appears whole: a reader never sees a link being written
-                atomic_write(path, data)
+            link = f"{key}.after-{hashlib.sha256(current).hexdigest()[:24]}"
+            if self.store.create(link, data) is not None:  # appears whole: a reader never sees a link being written
+                self.store.replace(key, data)
                 return True, ballot
-            try:
-                with open(link, "rb") as f:
-                    current = f.read()
-            except OSError:
+            current = _bytes(self.store, link)
+            if current is None:
                 return False, held
 
     def publish(self, name: str, outcome: Outcome) -> Outcome:
         """Publish ``outcome`` unless one is there already; return the one that counts."""
-        if publish_once(self.path(name), dumps_json(asdict(outcome))):
+        if self.store.create(self.key(name), dumps_json(asdict(outcome))) is not None:
             return outcome
         return self.read(name) or outcome
 
     def read(self, name: str) -> Outcome | None:
+        """The outcome ``name`` holds; None when there is none; a failed one naming it when it is unreadable."""
         try:
-            return Outcome.from_dict(read_json(self.path(name)))
-        except FileNotFoundError:
-            return None
+            return _outcome(self.store, self.key(name))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             return Outcome(EXIT_FAILED, f"{self.path(name)} is unreadable ({exc!r})")
 
@@ -162,13 +186,13 @@ class RunDir:
         return self.read("abort.json")
 
     def heartbeat_age(self, name: str) -> float:
-        try:
-            return self.now() - os.stat(self.path(name)).st_mtime
-        except FileNotFoundError:
-            return 0.0
+        """Seconds since the ballot ``name`` was renewed, on the store's clock (read first); 0 when missing."""
+        meta = self.store.head(self.key(name), now=self.now())
+        return 0.0 if meta is None else meta.age
 
 
-def _ballot(data: bytes) -> dict:
+def _object(data: bytes) -> dict:
+    """The JSON object ``data`` holds; {} when it holds something else."""
     try:
         held = orjson.loads(data)
     except ValueError:
@@ -176,9 +200,29 @@ def _ballot(data: bytes) -> dict:
     return held if isinstance(held, dict) else {}
 
 
-def read_outcome(path: Path) -> Outcome | None:
-    d = read_record(path)
+def _bytes(store: PosixStore, key: str) -> bytes | None:
+    """``key``'s bytes; None when it is missing or cannot be read."""
     try:
-        return Outcome.from_dict(d) if d else None
-    except (KeyError, TypeError, ValueError):
+        got = store.read(key)
+    except OSError:
+        return None
+    return None if got is None else got[0]
+
+
+def _record(store: PosixStore, key: str) -> dict:
+    data = _bytes(store, key)
+    return {} if data is None else _object(data)
+
+
+def _outcome(store: PosixStore, key: str) -> Outcome | None:
+    """The outcome at ``key``, None when missing; raises OSError, ValueError, KeyError or TypeError if unreadable."""
+    raw = load_key(store, key)
+    return None if raw is MISSING else Outcome.from_dict(raw)
+
+
+def read_outcome(store: PosixStore, key: str) -> Outcome | None:
+    """The outcome at ``key``; None when it is missing or unreadable (a finalize round, a test's summary)."""
+    try:
+        return _outcome(store, key)
+    except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -44,6 +44,7 @@ import os
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from data_juicer_elastic.coordination.elect import coordinate
 from data_juicer_elastic.coordination.run_id import local_rank, resolve_run_id
@@ -52,7 +53,7 @@ from data_juicer_elastic.coordination.rundir import (
     EXIT_OK,
     Outcome,
     RunDir,
-    run_root,
+    run_key,
 )
 from data_juicer_elastic.coordination.spec import JobSpec, strict_split_ok
 from data_juicer_elastic.coordination.work import AfterPrepare
@@ -115,7 +116,7 @@ class _Session:
             + (f" local_rank={rank}" if rank is not None else "")
             + f" job_dir={self.spec.job_dir}"
         )
-        run = RunDir.open(run_root(self.spec.job_dir, self.run_id), self.run_id, self.host)
+        run = RunDir.open(Path(os.path.abspath(self.spec.job_dir)), run_key(self.run_id), self.run_id, self.host)
         ended = self.ended_before(run)
         outcome = coordinate(run, "prepare", self.do_prepare, self.spec, self.log)
         if outcome.exit_code == EXIT_OK:
@@ -146,8 +147,12 @@ class _Session:
         job = JobDir(self.spec.job_dir, prepared.generation, shared_link_check=True)
         diffs = differences(job.manifest(), request, None)
         if job.manifest().recipe_sha256 != hashlib.sha256(request.recipe_text).hexdigest():
-            theirs = job.recipe_path.read_text(encoding="utf-8", errors="replace")
-            diffs += recipe_differences(theirs, request.recipe_text.decode("utf-8", "replace")) or ["recipe: differs"]
+            theirs = job.store.read(job.key(job.recipe_path))
+            if theirs is None:
+                diffs.append(f"recipe: the job's snapshot {job.recipe_path} is missing")
+            else:
+                ours = request.recipe_text.decode("utf-8", "replace")
+                diffs += recipe_differences(theirs[0].decode("utf-8", "replace"), ours) or ["recipe: differs"]
         if not diffs:
             if ended is not None:
                 self.note_replay(ended)

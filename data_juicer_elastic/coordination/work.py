@@ -28,7 +28,6 @@ from data_juicer_elastic.job.versions import check_versions
 from data_juicer_elastic.merge import merge, merged_already, verify
 from data_juicer_elastic.report import write_report
 from data_juicer_elastic.status import describe_error_rows, error_rows_by_shard
-from data_juicer_elastic.storage.files import read_record
 from data_juicer_elastic.worker.loop import run_worker
 from data_juicer_elastic.worker.runner import close_runner
 from data_juicer_elastic.worker.scan import refresh_interval
@@ -154,7 +153,7 @@ class AfterPrepare:
         return self.snapshots().get().complete
 
     def stall_message(self, done: set[str]) -> str:
-        shards = [s.id for s in self.job.manifest().shards]
+        shards = self.job.manifest().shards.ids()
         left = [s for s in shards if s not in done]
         seen = self.run.member_hosts()
         done_by = _hosts_of(self.job, done)
@@ -203,7 +202,7 @@ class AfterPrepare:
         for shard in record["shards"]:
             hosts[shard["host"]] = hosts.get(shard["host"], 0) + 1
         finished = record.get("finished_at", 0)
-        started = read_record(self.run.path("run.json")).get("created_at")
+        started = self.run.record("run.json").get("created_at")
         if isinstance(started, (int, float)) and isinstance(finished, (int, float)) and finished >= started:
             note = ""  # merged by this run (a process of it may read the record before its coordinator publishes)
         else:

@@ -46,7 +46,16 @@ from pathlib import Path
 
 from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.job.attempt_files import AttemptDir
-from data_juicer_elastic.job.manifest import LEGACY_SCHEMA, Manifest, Policy, ShardSpec, manifest_digest
+from data_juicer_elastic.job.manifest import (
+    INLINE_SHARDS,
+    LEGACY_SCHEMA,
+    READABLE,
+    Manifest,
+    Policy,
+    ShardSpec,
+    manifest_digest,
+)
+from data_juicer_elastic.job.shard_table import shard_id
 from data_juicer_elastic.storage.files import create_exclusive, read_json
 from data_juicer_elastic.storage.posix import PosixStore
 
@@ -60,10 +69,6 @@ SHARDS_CHECKED = ".shards-checked"  # -<mtime_ns>: a worker checked shards/ in t
 def generation_id(recipe_sha256: str) -> str:
     """A generation is named by its recipe: the same recipe always works in the same generation."""
     return recipe_sha256[:16]
-
-
-def shard_id(index: int, count: int) -> str:
-    return f"part-{index:05d}-of-{count:05d}"
 
 
 def attempt_name(attempt: int) -> str:
@@ -369,12 +374,12 @@ class JobDir:
             raise IntegrityError(f"{self.manifest_path}: not valid JSON ({exc}); prepare the job again") from exc
         if not isinstance(raw, dict):
             raise IntegrityError(f"{self.manifest_path}: not a JSON object; prepare the job again")
-        m = Manifest.from_dict(raw, str(self.manifest_path))
-        if raw.get("digest") != manifest_digest(raw):
+        if raw.get("schema_version") in READABLE and raw.get("digest") != manifest_digest(raw):
             raise IntegrityError(
                 f"{self.manifest_path}: was edited after prepare (its content does not match its digest); "
                 "restore it, or prepare the job again in a new job dir"
             )
+        m = Manifest.from_dict(raw, str(self.manifest_path), self.root)
         if (m.schema_version == LEGACY_SCHEMA) != self.legacy():
             raise IntegrityError(
                 f"{self.manifest_path}: schema_version {m.schema_version} does not match the job dir's layout "
@@ -388,11 +393,13 @@ class JobDir:
         n = len(m.shards)
         if n != m.policy.num_shards or n < 1:
             raise IntegrityError(f"{self.manifest_path}: {n} shards listed but num_shards is {m.policy.num_shards}")
-        for i, s in enumerate(m.shards):
-            if s.id != shard_id(i, n):
-                raise IntegrityError(f"{self.manifest_path}: shard {i} is named {s.id!r}, expected {shard_id(i, n)!r}")
-            if s.path != f"shards/{s.id}.jsonl":
-                raise IntegrityError(f"{self.manifest_path}: shard {s.id} path {s.path!r} is not shards/{s.id}.jsonl")
+        if m.schema_version in INLINE_SHARDS:  # schema 6 stores no ids or paths: they follow from the index
+            where = self.manifest_path
+            for i, s in enumerate(m.shards):
+                if s.id != shard_id(i, n):
+                    raise IntegrityError(f"{where}: shard {i} is named {s.id!r}, expected {shard_id(i, n)!r}")
+                if s.path != f"shards/{s.id}.jsonl":
+                    raise IntegrityError(f"{where}: shard {s.id} path {s.path!r} is not shards/{s.id}.jsonl")
         self._check_shard_links()
 
     def _check_shard_links(self) -> None:
@@ -429,12 +436,11 @@ class JobDir:
             raise
 
     def shard(self, sid: str) -> ShardSpec:
-        m = SHARD_ID_RE.match(sid or "")
-        if not m:
+        if not SHARD_ID_RE.match(sid or ""):
             raise UserError(f"{sid!r} is not a shard id (expected part-NNNNN-of-NNNNN)")
         shards = self.manifest().shards
-        idx = int(m.group(1))
-        if idx >= len(shards) or shards[idx].id != sid:
+        idx = shards.position(sid)
+        if idx is None:
             raise UserError(f"{self.root}: no shard {sid!r} in this job ({len(shards)} shards)")
         return shards[idx]
 

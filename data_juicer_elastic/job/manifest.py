@@ -13,16 +13,20 @@ import hashlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from data_juicer_elastic.errors import IntegrityError
-from data_juicer_elastic.storage.files import dumps_json
+from data_juicer_elastic.job.shard_table import TABLE_NAME, ShardSource, ShardSpec, ShardTable
+from data_juicer_elastic.storage.files import atomic_write, dumps_json
 
 # 2: the manifest carries its digest; 3: inputs fingerprinted per source range; 4: generations;
-# 5: the input's columns and each shard's longest line (4 is read as it is: a shard's schema is inferred)
-SCHEMA_VERSION = 5
+# 5: the input's columns and each shard's longest line (4 is read as it is: a shard's schema is inferred);
+# 6: the shards in their own table (job.shard_table), manifest.json keeps their rows and bytes columns
+SCHEMA_VERSION = 6
 LEGACY_SCHEMA = 3  # readable: its one generation lives at the top of the job dir
-READABLE = (LEGACY_SCHEMA, 4, SCHEMA_VERSION)
+READABLE = (LEGACY_SCHEMA, 4, 5, SCHEMA_VERSION)
+INLINE_SHARDS = (LEGACY_SCHEMA, 4, 5)  # these list every shard inside manifest.json
 
 
 @dataclass(frozen=True)
@@ -37,29 +41,6 @@ class InputFile:
     size: int
     mtime_ns: int
     rows: int
-
-
-@dataclass(frozen=True)
-class ShardSource:
-    """A contiguous byte range of one input file inside a shard."""
-
-    file: str
-    start: int
-    end: int
-    first_line: int  # 1-based line number of the range's first line in ``file``
-    sha256: str  # of the range's lines as read, each ending in a newline (one is added at a file's end)
-
-
-@dataclass(frozen=True)
-class ShardSpec:
-    id: str
-    path: str  # relative to the job directory
-    rows: int
-    bytes: int
-    sha256: str
-    first_row: int  # global 0-based index of the shard's first row
-    sources: tuple[ShardSource, ...] = ()
-    longest_line: int | None = None  # bytes, newline included (None: prepared before schema 5)
 
 
 @dataclass(frozen=True)
@@ -84,7 +65,7 @@ class Manifest:
     policy: Policy
     media_keys: tuple[str, ...]
     index_keys: tuple[str, ...]
-    shards: tuple[ShardSpec, ...]
+    shards: ShardTable
     total_rows: int
     total_bytes: int
     created_at: float = 0.0
@@ -99,14 +80,19 @@ class Manifest:
     digest: str = ""  # manifest_digest() of the rest, set by seal()
 
     def to_dict(self) -> dict[str, Any]:
-        """As ``dataclasses.asdict`` gives it (the same JSON), built directly: asdict deep-copies every
-        field, about 0.3 ms a shard, which made a manifest of 100,000 shards take tens of seconds."""
+        """manifest.json's content, built directly (``dataclasses.asdict`` deep-copies every field, which made
+        a manifest of 100,000 shards take tens of seconds). Schema 6 names the shard table's blocks and
+        columns in ``shard_table``; older schemas listed every shard in ``shards``."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["files"] = [dict(vars(f)) for f in self.files]
         d["versions"] = dict(self.versions)
         d["policy"] = dict(vars(self.policy))
         d["media_keys"], d["index_keys"] = list(self.media_keys), list(self.index_keys)
-        d["shards"] = [{**vars(s), "sources": [dict(vars(src)) for src in s.sources]} for s in self.shards]
+        if self.schema_version in INLINE_SHARDS:
+            d["shards"] = [{**vars(s), "sources": [dict(vars(src)) for src in s.sources]} for s in self.shards]
+        else:
+            del d["shards"]
+            d["shard_table"] = self.shards.index()[0]
         if d["parquet"] is None:
             del d["parquet"]
         else:
@@ -117,16 +103,29 @@ class Manifest:
         """This manifest with its digest filled in (what prepare publishes)."""
         return dataclasses.replace(self, digest=manifest_digest(self.to_dict()))
 
+    def write(self, folder: Path) -> None:
+        """Publish into ``folder``: the shard table first, then manifest.json, which names its digests."""
+        if self.schema_version not in INLINE_SHARDS:
+            atomic_write(folder / TABLE_NAME, self.shards.index()[1])
+        atomic_write(folder / "manifest.json", dumps_json(self.to_dict()))
+
     @classmethod
-    def from_dict(cls, d: dict[str, Any], where: str = "manifest.json") -> Manifest:
+    def from_dict(cls, d: dict[str, Any], where: str = "manifest.json", folder: Path | None = None) -> Manifest:
+        """The manifest ``d`` (manifest.json's content); a schema-6 one reads its table in ``folder``."""
         try:
             if d.get("schema_version") not in READABLE:
                 raise IntegrityError(
                     f"{where}: schema_version {d.get('schema_version')!r} is not {SCHEMA_VERSION}; "
                     "prepare the job again with this version of data-juicer-elastic"
                 )
-            with _no_gc():  # 200,000 objects at 100,000 shards: the collector would walk them dozens of times
-                shards = tuple(_shard(s) for s in d["shards"])
+            if d["schema_version"] in INLINE_SHARDS:
+                with _no_gc():  # 200,000 objects at 100,000 shards: the collector would walk them dozens of times
+                    shards = ShardTable.of([_shard(s) for s in d["shards"]])
+            else:
+                table = d["shard_table"]
+                if table.get("file") != TABLE_NAME or folder is None:
+                    raise ValueError(f"shard_table file {table.get('file')!r} is not {TABLE_NAME!r}")
+                shards = ShardTable.load(folder / TABLE_NAME, table, where)
             return cls(
                 dataset_path=d["dataset_path"],
                 input_kind=d["input_kind"],
@@ -145,7 +144,7 @@ class Manifest:
                 schema_version=d["schema_version"],
                 digest=d.get("digest", ""),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             if isinstance(exc, IntegrityError):
                 raise
             raise IntegrityError(f"{where}: malformed manifest ({exc!r}); prepare the job again") from exc

@@ -16,11 +16,11 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlparse
 
 from data_juicer_elastic.errors import UserError
 from data_juicer_elastic.plugin.schema import KEY, settings_from_cfg
 from data_juicer_elastic.prepare.inputs import SUFFIXES
+from data_juicer_elastic.storage.mounts import is_url, job_dir_problem
 
 INPUT_SUFFIXES = tuple(SUFFIXES)  # what prepare reads
 MEDIA_KEY_OPTIONS = ("image_key", "audio_key", "video_key")
@@ -140,11 +140,6 @@ def argument_problems(entry: OpEntry) -> list[str]:
     return []
 
 
-def _is_remote(path: str) -> bool:
-    scheme = urlparse(path).scheme
-    return len(scheme) > 1  # "c:" is a drive letter, not a scheme
-
-
 def path_problems(cfg: Any) -> list[str]:
     """What is wrong with the job dir, the input, the output and the lease timings."""
     settings = settings_from_cfg(cfg)
@@ -163,9 +158,8 @@ def _job_dir_problems(job_dir: str | None) -> list[str]:
             f"{KEY}.job_dir is not set; give a directory on the filesystem all nodes share, "
             f"e.g. {KEY}: {{job_dir: /mnt/shared/jobs/my-job-001}}"
         ]
-    if _is_remote(job_dir):
-        return [f"{KEY}.job_dir {job_dir!r} is a URL; it must be a shared POSIX directory"]
-    return []
+    problem = job_dir_problem(job_dir, f"{KEY}.job_dir")
+    return [problem] if problem else []
 
 
 def _dataset_problems(cfg: Any) -> list[str]:
@@ -177,7 +171,7 @@ def _dataset_problems(cfg: Any) -> list[str]:
                 "set dataset_path to a local JSONL file or a directory of JSONL files"
             ]
         return ["dataset_path is not set; set it to a local JSONL file or a directory of JSONL files"]
-    if _is_remote(dataset_path):
+    if is_url(dataset_path):
         return [f"dataset_path {dataset_path!r} is remote; elastic_shard reads a local JSONL file or folder"]
     if not os.path.exists(dataset_path):
         hint = " (weighted mixtures '<w1> <path1> ...' are not supported)" if " " in dataset_path.strip() else ""
@@ -195,7 +189,7 @@ def _export_problems(cfg: Any) -> list[str]:
     export_path = cfg.get("export_path") or ""
     export_type = cfg.get("export_type")
     suffix = os.path.splitext(export_path.rstrip("/"))[1]
-    if _is_remote(export_path):
+    if is_url(export_path):
         problems.append(f"export_path {export_path!r} is remote; elastic_shard writes a local file or folder")
     elif suffix and (suffix not in (".jsonl", ".parquet") or export_path.endswith("/")):
         problems.append(

@@ -65,7 +65,7 @@ from data_juicer_elastic.prepare.shards import (
 from data_juicer_elastic.prepare.split import Piece, Stream, TooFewRows, plan
 from data_juicer_elastic.prepare.staging import Staging, complete_publication
 from data_juicer_elastic.progress import ProgressBar
-from data_juicer_elastic.storage.files import atomic_write, disk_full_in, dumps_json, fsync_dir, no_space_error
+from data_juicer_elastic.storage.files import disk_full_in, fsync_dir, no_space_error
 
 INLINE_BELOW = 32 << 20  # smaller inputs are not worth starting worker processes for
 MAX_JOBS = 8
@@ -344,7 +344,7 @@ class _Build:
     def _write_layout(self, manifest: Manifest) -> None:
         shutil.rmtree(self.staging / ".inputs")
         fsync_dir(self.staging / "shards")
-        atomic_write(self.staging / "manifest.json", dumps_json(manifest.to_dict()))
+        manifest.write(self.staging)
 
 
 def _a(kind: str) -> str:

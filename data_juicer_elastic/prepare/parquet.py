@@ -38,7 +38,7 @@ from data_juicer_elastic.job.layout import shard_id
 from data_juicer_elastic.job.manifest import InputFile, Manifest, ShardSource, ShardSpec
 from data_juicer_elastic.prepare.inputs import Dataset, InputSpec, changed_error, check_unchanged
 from data_juicer_elastic.prepare.request import PrepareRequest
-from data_juicer_elastic.storage.files import atomic_write, dumps_json, fsync_dir
+from data_juicer_elastic.storage.files import atomic_write, fsync_dir
 
 BLOCK = 1 << 20
 FORMAT = "parquet"
@@ -285,7 +285,7 @@ def build(req: PrepareRequest, dataset: Dataset, staging: Path, recipe_sha: str)
     manifest = req.manifest(
         dataset.root, dataset.kind, recipe_sha, files, shards, columns=None, parquet=schema_record(schema)
     )
-    atomic_write(staging / "manifest.json", dumps_json(manifest.to_dict()))
+    manifest.write(staging)
     return Built(manifest, sum(s.seen.size for s in specs))
 
 

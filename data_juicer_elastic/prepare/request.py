@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from data_juicer_elastic.job.manifest import InputFile, Manifest, Policy, ShardSpec
+from data_juicer_elastic.job.manifest import InputFile, Manifest, Policy, ShardSpec, ShardTable
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class PrepareRequest:
             policy=self.policy,
             media_keys=tuple(self.media_keys),
             index_keys=tuple(self.index_keys),
-            shards=tuple(shards),
+            shards=ShardTable.of(shards),
             total_rows=sum(s.rows for s in shards),
             total_bytes=sum(s.bytes for s in shards),
             created_at=time.time(),

@@ -52,17 +52,8 @@ def shard_facts(shard_path: str, log: Any = None) -> ShardFacts | None:
     job = _job_facts(str(path.parent.parent), log)
     if job is None:
         return None
-    spec = next((s for s in _near(job.manifest, path.stem)), None)
-    return ShardFacts(job.parse_options, spec.longest_line if spec is not None else None)
-
-
-def _near(m: Manifest, sid: str) -> list[Any]:
-    """The shard spec by its index in the id (part-NNNNN-of-NNNNN), checked by id."""
-    try:
-        spec = m.shards[int(sid.split("-")[1])]
-    except (IndexError, ValueError):
-        return []
-    return [spec] if spec.id == sid else []
+    i = job.manifest.shards.position(path.stem)
+    return ShardFacts(job.parse_options, job.manifest.shards[i].longest_line if i is not None else None)
 
 
 def _job_facts(root: str, log: Any) -> _JobFacts | None:

@@ -1,4 +1,5 @@
-"""The startup probe (docs/OBJECT_STORE.md section 3): refuse a store that does not keep create-once writes.
+"""The startup probe (docs/OBJECT_STORE.md section 3): refuse a store that does not keep create-once writes,
+and find out whether it keeps ``If-Match`` (a capability: off is reported, not refused).
 
 Leases and done records rest on "the first create wins". An S3-compatible
 store that ignores ``If-None-Match: *`` lets a second writer overwrite the
@@ -9,12 +10,15 @@ that races (the test server's own suite covers that).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 from data_juicer_elastic.errors import UserError
 from data_juicer_elastic.storage.host import hostname
-from data_juicer_elastic.storage.store import Store
+from data_juicer_elastic.storage.store import Meta, Store
 
 PROBE_FOLDER = ".probe"  # internal: never listed, one key per probing process, deleted after
 
@@ -28,13 +32,50 @@ def probe_key() -> str:
     return f"{PROBE_FOLDER}/{hostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What the store keeps beyond create-once (which the probe requires): one that is off is reported, not
+    refused; what the job does without it is for the steps that use it (docs/OBJECT_STORE.md section 6)."""
+
+    if_match: bool  # a replace conditional on a stale version is refused (412)
+
+    def line(self, store: Store) -> str:
+        """The one log line: ``store: s3://b/p (endpoint ...): create-once yes, If-Match no``."""
+        return f"store: {store.describe()}: create-once yes, If-Match {'yes' if self.if_match else 'no'}"
+
+
+def probe_store(store: Store) -> Capabilities:
+    """The startup probe: refuse a store without create-once (StoreRefused), then what else it keeps."""
+    check_create_once(store)
+    return Capabilities(if_match=check_if_match(store))
+
+
+@contextlib.contextmanager
+def _probing(store: Store) -> Iterator[str]:
+    """A fresh probe key, deleted after whatever the probe found."""
+    key = probe_key()
+    try:
+        yield key
+    finally:
+        try:
+            store.delete(key)
+        except Exception:
+            pass  # a probe key left behind is harmless (internal, never listed); the probe's own error matters
+
+
+def _create_fresh(store: Store, key: str, data: bytes) -> Meta:
+    meta = store.create(key, data)
+    if meta is None:
+        raise StoreRefused(f"{store.describe()}: the store refused the first create of {key}, a fresh key")
+    return meta
+
+
 def check_create_once(store: Store) -> None:
     """Create one probe key twice; raise StoreRefused unless the second create is refused and the first stays."""
-    key, token = probe_key(), uuid.uuid4().hex
+    token = uuid.uuid4().hex
     first, second = f"probe A {token}\n".encode(), f"probe B {token}\n".encode()
-    try:
-        if store.create(key, first) is None:
-            raise StoreRefused(f"{store.describe()}: the store refused the first create of {key}, a fresh key")
+    with _probing(store) as key:
+        _create_fresh(store, key, first)
         lost = store.create(key, second)
         got = store.read(key)
         if lost is not None or got is None or got[0] != first:
@@ -43,8 +84,17 @@ def check_create_once(store: Store) -> None:
                 "so it does not honour create-once writes and cannot hold leases or done records. Use a store "
                 "with conditional writes (AWS S3, MinIO) or a shared POSIX directory."
             )
-    finally:
-        try:
-            store.delete(key)
-        except Exception:
-            pass  # a probe key left behind is harmless (internal, never listed); the probe's own error matters
+
+
+def check_if_match(store: Store) -> bool:
+    """Whether a replace on a version that has moved on is refused: create A, replace it by B on A's
+    version, then try C on A's version again; the store must refuse C and keep B."""
+    token = uuid.uuid4().hex
+    a, b, c = (f"probe {n} {token}\n".encode() for n in "ABC")
+    with _probing(store) as key:
+        stale = _create_fresh(store, key, a).ver
+        if store.replace(key, b, if_ver=stale) is None:
+            return False  # refused on the version it has: the header is not understood either way
+        lost = store.replace(key, c, if_ver=stale)
+        got = store.read(key)
+        return lost is None and got is not None and got[0] == b

@@ -75,8 +75,8 @@ class ClaimChooser:
         self.job, self.store, self.pace, self.log = job, store, pace, log
         self.speculator = Speculator(job, store, speculation or Speculation())
         self.max_retries = job.manifest().policy.max_retries
-        self.order = [s.id for s in job.manifest().shards]
-        self.mean_bytes = sum(s.bytes for s in job.manifest().shards) / max(len(self.order), 1)
+        self.order = job.manifest().shards.ids()
+        self.mean_bytes = sum(job.manifest().shards.bytes) / max(len(self.order), 1)
         seed = zlib.crc32(f"{store.host}:{os.getpid()}".encode())
         self.lanes = Lanes(job, store, self.order, seed)
         self.snapshots = SnapshotCache(job, store, refresh_interval(job))

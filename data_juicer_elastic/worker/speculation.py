@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,7 +80,7 @@ class RateBook:
 
     def __init__(self, job: JobDir) -> None:
         self.job = job
-        self.sizes = {s.id: s.bytes for s in job.manifest().shards}
+        self.sizes = job.manifest().shards.bytes_by_id()
         self._seen: set[str] = set()
         self._rates: list[float] = []
         self._latest: dict[tuple[str, int], tuple[float, float]] = {}  # (host, pid) -> (finished_at, rate)
@@ -135,7 +135,7 @@ def late_attempt(job: JobDir, store: ClaimStore, book: Any, sid: str, attempt: i
 class SweptRates:
     """The job's rates as the sweep summed them from the worker records (no done record is read)."""
 
-    def __init__(self, sizes: dict[str, int], rates: list[float]) -> None:
+    def __init__(self, sizes: Mapping[str, int], rates: list[float]) -> None:
         self.sizes = sizes
         self.job_rate = statistics.median(rates) if rates else None
 
@@ -148,7 +148,7 @@ class Speculator:
 
     def __init__(self, job: JobDir, store: ClaimStore, policy: Speculation) -> None:
         self.job, self.store, self.policy = job, store, policy
-        self.sizes = {s.id: s.bytes for s in job.manifest().shards}
+        self.sizes = job.manifest().shards.bytes_by_id()
         self.total = len(self.sizes)
 
     def try_backup(self, held: list[tuple[str, int]], snap: Any, log: Callable[[str], None]) -> Lease | None:

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -123,7 +124,7 @@ def build(job: JobDir, store: ClaimStore, previous: Snapshot | None = None, lean
     fresh shards instead of reading every lane's hint.
     """
     manifest = job.manifest()
-    rows = {s.id: s.rows for s in manifest.shards}
+    rows = manifest.shards.rows_by_id()
     total = len(rows)
     now = store.now()
     records, unreadable = read_workers(job.workers_dir)
@@ -154,7 +155,7 @@ def build(job: JobDir, store: ClaimStore, previous: Snapshot | None = None, lean
     for sid, after in requeued.items():
         if sid in rows and sid not in latest:
             latest[sid] = after
-    sizes = {s.id: s.bytes for s in manifest.shards}
+    sizes = manifest.shards.bytes_by_id()
     for sid, named in sorted(latest.items()):
         done = _done_of(job, sid)
         if done is not None:
@@ -225,7 +226,7 @@ def _add_done(snap: Snapshot, done: dict, rows: int, size: int) -> None:
 
 
 def _subtract_archived(
-    snap: Snapshot, archived: list[Archived], records: list[WorkerRecord], rows: dict[str, int]
+    snap: Snapshot, archived: list[Archived], records: list[WorkerRecord], rows: Mapping[str, int]
 ) -> None:
     """Take out the archived publications a worker record's ``published`` still sums."""
     for a, _ in summed_by_records([a for a in archived if a.shard in rows], records):
@@ -239,7 +240,7 @@ def _needs_fallback(snap: Snapshot, job: JobDir, store: ClaimStore, now: float) 
     if snap.complete or snap.live or snap.claimable or snap.failed:
         return False
     if snap.fresh_left > 0:  # only the lane hints say work is left: check them (a hint may lag or go back)
-        snap.fresh_left = probed_fresh_left(job, store, [s.id for s in job.manifest().shards])
+        snap.fresh_left = probed_fresh_left(job, store, job.manifest().shards.ids())
     quiet = snap.fresh_left == 0
     # every listed record read: a record read as missing would make its publications look unaccounted for
     whole = snap.unreadable == 0
@@ -248,7 +249,7 @@ def _needs_fallback(snap: Snapshot, job: JobDir, store: ClaimStore, now: float) 
 
 def _fallback(job: JobDir, store: ClaimStore, snap: Snapshot, now: float) -> None:
     """List state/done and state/claims once: exact count, and leases no worker record names."""
-    done = job.done_ids() & {s.id for s in job.manifest().shards}
+    done = job.done_ids() & set(job.manifest().shards.ids())
     # quiet: nothing is live, so nothing was published between the records' read and this listing
     snap.legacy_done = max(len(done) - snap.swept, 0)
     snap.done, snap.exact, snap.fallback_at = len(done), True, now
@@ -256,10 +257,10 @@ def _fallback(job: JobDir, store: ClaimStore, snap: Snapshot, now: float) -> Non
     for sid, n in sorted(store.latest_attempts().items()):
         if sid not in done and sid not in failed:
             _place(store, snap, sid, n, now)
-    for spec in job.manifest().shards:  # never claimed and behind every lane's hint (a hole of an old job dir)
-        fresh = spec.id not in done and not os.path.lexists(store.lease_path(spec.id, 1))
-        if fresh and (spec.id, 0) not in snap.claimable:
-            snap.claimable.append((spec.id, 0))
+    for sid in job.manifest().shards.ids():  # never claimed and behind every lane's hint (an old job dir's hole)
+        fresh = sid not in done and not os.path.lexists(store.lease_path(sid, 1))
+        if fresh and (sid, 0) not in snap.claimable:
+            snap.claimable.append((sid, 0))
 
 
 def retry_stamp(job: JobDir) -> str:
@@ -365,7 +366,7 @@ class SnapshotCache:
 
     def _listed(self, snap: Snapshot, marker: Path) -> Snapshot:
         """``snap`` checked against one listing of the done records: confirmed, or corrected from it."""
-        ids = {s.id for s in self.job.manifest().shards}
+        ids = set(self.job.manifest().shards.ids())
         done = len(self.job.done_ids() & ids)
         if done >= snap.total:
             self._complete = True

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from data_juicer_elastic.job.layout import JobDir, generation_id, shard_id
-from data_juicer_elastic.job.manifest import InputFile, Manifest, Policy, ShardSource, ShardSpec
+from data_juicer_elastic.job.manifest import InputFile, Manifest, Policy, ShardSource, ShardSpec, ShardTable
 from data_juicer_elastic.storage.files import dumps_json
 
 RECIPE = b"process:\n  - text_length_filter: {min_len: 1}\n"
@@ -46,14 +46,14 @@ def synthetic_job(root: Path, n: int) -> tuple[JobDir, tuple[ShardSpec, ...]]:
         policy=policy,
         media_keys=(),
         index_keys=(),
-        shards=shards,
+        shards=ShardTable.of(shards),
         total_rows=n,
         total_bytes=n * 13,
         created_at=time.time(),
     ).seal()
     root.mkdir(parents=True)
     (root / "shards").mkdir()
-    (root / "manifest.json").write_bytes(dumps_json(manifest.to_dict()))
+    manifest.write(root)
     gen = generation_id(recipe_sha)
     gdir = root / "generations" / gen
     for sub in ("attempts", "finalize", *(f"state/{s}" for s in JobDir.STATE_SUBDIRS)):

@@ -158,35 +158,85 @@ def _edit_manifest(job: JobDir, change, *, reseal: bool = False) -> None:
 MANIFEST_EDITS = {
     "max_retries": lambda m: m["policy"].update(max_retries=99),
     "lock_timeout": lambda m: m["policy"].update(lock_timeout_secs=1e9),
-    "shard_sha256": lambda m: m["shards"][1].update(sha256="0" * 64),
-    "shard_rows": lambda m: m["shards"][1].update(rows=1),
+    "shard_rows": lambda m: m["shard_table"]["rows"].__setitem__(1, 1),
+    "shard_block_digest": lambda m: m["shard_table"]["block_sha256"].__setitem__(0, "0" * 64),
     "total_rows": lambda m: m.update(total_rows=1),
     "dataset_path": lambda m: m.update(dataset_path="/elsewhere"),
     "digest_removed": lambda m: m.pop("digest"),
 }
 
 
-@pytest.mark.parametrize("edit", sorted(MANIFEST_EDITS))
-def test_edited_manifest_is_refused_everywhere(tmp_path, edit, capsys):
-    job = make_job(tmp_path, rows=20, shards=2)
-    _edit_manifest(job, MANIFEST_EDITS[edit])
-    for argv in (["status"], ["verify"], ["merge", "--output", str(tmp_path / "m.jsonl")]):
+def _refused_everywhere(job: JobDir, path: Path, capsys) -> None:
+    for argv in (["status"], ["verify"], ["merge", "--output", str(job.root.parent / "m.jsonl")]):
         assert cli_main([argv[0], "--job-dir", str(job.root), *argv[1:]]) == 2
         err = capsys.readouterr().err
-        assert str(job.manifest_path) in err and "edited" in err, err
+        assert str(path) in err and "edited" in err, err
     with pytest.raises(IntegrityError, match="edited"):
         run_worker(job.root, copy, log=lambda *_: None)
     assert not os.listdir(job.attempts_dir)
 
 
-@pytest.mark.parametrize(
-    "path", ["../../outside.jsonl", "/etc/passwd", "shards/../../outside.jsonl", "shards/part-00001-of-00002.jsonl"]
-)
-def test_manifest_shard_path_outside_or_swapped_is_refused_even_with_a_valid_digest(tmp_path, path):
+@pytest.mark.parametrize("edit", sorted(MANIFEST_EDITS))
+def test_edited_manifest_is_refused_everywhere(tmp_path, edit, capsys):
     job = make_job(tmp_path, rows=20, shards=2)
-    _edit_manifest(job, lambda m: m["shards"][0].update(path=path), reseal=True)
-    with pytest.raises(IntegrityError, match=re.escape(repr(path))):
-        JobDir(job.root).manifest()
+    _edit_manifest(job, MANIFEST_EDITS[edit])
+    _refused_everywhere(job, job.manifest_path, capsys)
+
+
+def _table(job: JobDir) -> Path:
+    return job.root / "shards" / "_table.jsonl"
+
+
+def _edit_line(job: JobDir, i: int, change) -> None:
+    lines = _table(job).read_bytes().splitlines(keepends=True)
+    line = orjson.loads(lines[i])
+    change(line)
+    lines[i] = orjson.dumps(line, option=orjson.OPT_SORT_KEYS) + b"\n"
+    _table(job).write_bytes(b"".join(lines))
+
+
+TABLE_EDITS = {
+    "shard_sha256": lambda job: _edit_line(job, 1, lambda s: s.update(sha256="0" * 64)),
+    "source_file": lambda job: _edit_line(job, 0, lambda s: s["sources"][0].update(file="../../etc/passwd")),
+    "lines_swapped": lambda job: _table(job).write_bytes(b"".join(_table(job).read_bytes().splitlines(True)[::-1])),
+    "line_appended": lambda job: _table(job).write_bytes(_table(job).read_bytes() + b"{}\n"),
+    "truncated": lambda job: _table(job).write_bytes(_table(job).read_bytes()[:-2]),
+}
+
+
+@pytest.mark.parametrize("edit", sorted(TABLE_EDITS))
+def test_edited_shard_table_is_refused_everywhere(tmp_path, edit, capsys):
+    job = make_job(tmp_path, rows=20, shards=2)
+    TABLE_EDITS[edit](job)
+    _refused_everywhere(job, _table(job), capsys)
+
+
+def _reseal_table(job: JobDir) -> None:
+    """A forger who recomputes the block digest and the manifest's: the table must still agree with itself."""
+    import hashlib
+
+    raw = orjson.loads(job.manifest_path.read_bytes())
+    data = _table(job).read_bytes()
+    raw["shard_table"]["block_sha256"] = [hashlib.sha256(data).hexdigest()]
+    raw["shard_table"]["block_ends"] = [len(data)]
+    _edit_manifest(job, lambda m: m.update(shard_table=raw["shard_table"]), reseal=True)
+
+
+@pytest.mark.parametrize(
+    "forge",
+    [
+        lambda job: _edit_line(job, 0, lambda s: s.update(path="../../outside.jsonl")),  # ids and paths are not stored
+        lambda job: _edit_line(job, 0, lambda s: s.update(rows=s["rows"] + 1)),  # the column says otherwise
+        lambda job: _table(job).write_bytes(b"".join(_table(job).read_bytes().splitlines(True)[::-1])),
+    ],
+    ids=["path", "rows", "swapped"],
+)
+def test_a_resealed_shard_table_that_disagrees_with_itself_is_refused(tmp_path, forge):
+    job = make_job(tmp_path, rows=20, shards=2)
+    forge(job)
+    _reseal_table(job)
+    with pytest.raises(IntegrityError, match=r"_table\.jsonl"):
+        list(JobDir(job.root).manifest().shards)
 
 
 def test_identical_prepare_of_an_edited_manifest_is_refused_not_repaired(tmp_path):
