@@ -72,14 +72,16 @@ def write_attempt(job: JobDir, record: AttemptRecord, ver: Ver | None = None) ->
     other than this attempt). With it: a replace, only while the record still has ``ver`` (the version the
     writer's own last write returned). Either refused raises IntegrityError; nothing is written then.
     POSIX fsyncs the bytes before the link or rename (over sshfs a rename can otherwise reach the server
-    before the bytes, and another node reads a cut record).
+    before the bytes, and another node reads a cut record), not the folder after it (``durable=False``): a
+    power loss may roll the record back a write (to missing, or to ``running``), which readers already
+    take for an attempt lost, and the worker that wrote it is gone with it.
     """
     key, data = job.attempt_key(record.shard, record.attempt), dumps_json(record.to_dict())
     if ver is None:
-        meta = job.store.create(key, data)
+        meta = job.store.create(key, data, durable=False)
         written = None if meta is None else meta.ver
     else:
-        written = job.store.replace(key, data, if_ver=ver)
+        written = job.store.replace(key, data, if_ver=ver, durable=False)
     if written is None:
         raise IntegrityError(
             f"{attempt_file(job.attempt_dir(record.shard, record.attempt))}: written by something other than "
