@@ -35,6 +35,7 @@ from data_juicer_elastic.folder_export import (
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.manifest import ShardSpec
 from data_juicer_elastic.job.records.done import DoneRecord, load_done, load_done_many
+from data_juicer_elastic.job.records.failed import is_failed
 from data_juicer_elastic.progress import ProgressBar
 from data_juicer_elastic.storage.blocks import BLOCK, Digester, blocks, digest_file
 from data_juicer_elastic.storage.bulk_write import BulkWriter
@@ -117,8 +118,8 @@ def _verify_shard(job: JobDir, spec: ShardSpec, buf: bytearray | None) -> tuple[
     except IntegrityError as exc:
         return ShardCheck(spec.id, False, problem=str(exc)), True
     if record is None or output is None:
-        failed = job.failed_path(spec.id)
-        if failed.exists():
+        if is_failed(job, spec.id):
+            failed = job.failed_path(spec.id)
             problem = f"shard {spec.id} failed terminally (see {failed}); `dj-elastic retry {spec.id}` requeues it"
             return ShardCheck(spec.id, False, problem=problem), False
         return ShardCheck(spec.id, False, problem=NOT_DONE), False

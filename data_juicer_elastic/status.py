@@ -255,7 +255,7 @@ def lost_attempts(job: JobDir, sid: str, upto: int) -> int:
     """
     lost = 0
     for n in range(1, upto + 1):
-        r = load_attempt(job.attempt_dir(sid, n))
+        r = load_attempt(job, sid, n)
         if r is None and _released(job.claims_dir / lease_name(sid, n)):
             continue
         lost += r is None or r.outcome in (None, "running")
@@ -305,7 +305,7 @@ def backup_view(job: JobDir, store: ClaimStore, book: RateBook, done: set[str], 
     book.update(done)
     original = s.attempts - 1
     late = late_attempt(job, store, book, s.id, original, now)
-    info = load_attempt(job.attempt_dir(s.id, original))
+    info = load_attempt(job, s.id, original)
     return {
         "attempt": s.attempts,
         "host": s.host,

@@ -17,10 +17,10 @@ def test_a_retransmitted_link_that_answers_eexist_is_still_this_call_s_win(tmp_p
 
     monkeypatch.setattr(files.os, "link", link_then_retransmit)
     target = tmp_path / "done.json"
-    assert publish_once(target, b'{"attempt": 1}') is True
+    assert publish_once(target, b'{"attempt": 1}') is not None
     assert target.read_bytes() == b'{"attempt": 1}'
     monkeypatch.setattr(files.os, "link", real_link)
-    assert publish_once(target, b'{"attempt": 2}') is False  # a real lost race stays one
+    assert publish_once(target, b'{"attempt": 2}') is None  # a real lost race stays one
     assert target.read_bytes() == b'{"attempt": 1}'
     assert sorted(p.name for p in tmp_path.iterdir()) == ["done.json"]  # no temp file left behind
 

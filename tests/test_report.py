@@ -224,7 +224,7 @@ def _attempt(job: JobDir, sid: str, n: int, host: str, pid: int, start: float, e
     adir.mkdir(parents=True, exist_ok=True)
     record = AttemptRecord(sid, n, host, pid, "t", start, start, None, False, backup=n > 1)
     record.outcome, record.finished_at = outcome, end
-    write_attempt(adir, record)
+    write_attempt(job, record)
     (job.claims_dir / f"{sid}@{n:04d}").write_bytes(b"{}")
 
 

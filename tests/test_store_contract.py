@@ -10,6 +10,7 @@ a time-zone bug), far above any pause.
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 import threading
@@ -290,6 +291,14 @@ def test_renew_with_a_stale_version_is_lost_and_writes_nothing(store: Store):
     assert store.head(key) is None
 
 
+def put_in_place(path: Path, data: bytes, mtime_ns: int) -> None:
+    """``data`` at ``path`` under a new inode with the mtime given: what sshfs shows when it renumbers a file."""
+    tmp = path.with_name(".renumbered")
+    tmp.write_bytes(data)
+    os.utime(tmp, ns=(mtime_ns, mtime_ns))
+    os.replace(tmp, path)
+
+
 def test_posix_renew_compares_the_bytes_not_the_inode(tmp_path: Path):
     """sshfs may number one file differently over time: a lease with the same bytes is still ours (as the
     refresher has always compared); another lease of the same size and mtime is not. Another process, with
@@ -298,14 +307,7 @@ def test_posix_renew_compares_the_bytes_not_the_inode(tmp_path: Path):
     ver = made(store, key, LEASE, exclusive=True)
     path = store.path(key)
     st = os.lstat(path)
-
-    def put_in_place(data: bytes) -> None:  # a new inode, with the old mtime
-        tmp = tmp_path / "claims" / ".renumbered"
-        tmp.write_bytes(data)
-        os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
-        os.replace(tmp, path)
-
-    put_in_place(LEASE)
+    put_in_place(path, LEASE, st.st_mtime_ns)
     assert os.lstat(path).st_ino != st.st_ino and store.head(key).ver != ver  # type: ignore[union-attr]
     ver = store.renew(key, ver)
     assert ver is not None and store.head(key).ver == ver  # type: ignore[union-attr]
@@ -315,9 +317,83 @@ def test_posix_renew_compares_the_bytes_not_the_inode(tmp_path: Path):
     st = os.lstat(path)
     forged = LEASE.replace(b"node-a", b"node-x")
     assert len(forged) == len(LEASE)
-    put_in_place(forged)
+    put_in_place(path, forged, st.st_mtime_ns)
     assert other.renew(key, ver) is None  # the bytes it renewed differ now
     assert path.read_bytes() == forged and os.lstat(path).st_mtime_ns == st.st_mtime_ns  # nothing written
+
+
+def test_posix_replace_compares_the_bytes_not_the_inode(tmp_path: Path):
+    """``replace(if_ver)`` compares as ``renew`` does: sshfs may renumber attempt.json between an attempt's two
+    writes, and the record is still the writer's; bytes of the same size and mtime that it did not write are
+    not. Another process, with nothing remembered, compares size and mtime."""
+    store, key = PosixStore(tmp_path), "attempts/part-00000/0001/attempt.json"
+    running, ended = b'{"outcome": "running"}\n', b'{"outcome": "done"}\n'
+    ver = made(store, key, running)
+    path = store.path(key)
+    st = os.lstat(path)
+    put_in_place(path, running, st.st_mtime_ns)
+    assert os.lstat(path).st_ino != st.st_ino and store.head(key).ver != ver  # type: ignore[union-attr]
+    ver = store.replace(key, ended, if_ver=ver)
+    assert ver is not None and path.read_bytes() == ended
+    put_in_place(path, ended, os.lstat(path).st_mtime_ns)
+    other = PosixStore(tmp_path)  # another process: by size and mtime
+    theirs = other.replace(key, running, if_ver=ver)
+    assert theirs is not None and path.read_bytes() == running
+    forged = b'{"outcome": "crashed"}\n'
+    assert len(forged) == len(running)
+    put_in_place(path, forged, os.lstat(path).st_mtime_ns)
+    assert other.replace(key, ended, if_ver=theirs) is None  # the bytes it wrote differ now
+    assert path.read_bytes() == forged
+
+
+def test_posix_replace_refuses_its_own_older_version_within_one_timestamp(tmp_path: Path):
+    """Two writes inside one timestamp tick have the same size and mtime; with the inode left out, the bytes
+    this store wrote last tell its older version from its newer one."""
+    store, key = PosixStore(tmp_path), "state/progress.json"
+    v1 = made(store, key, b"one\n")
+    mtime = os.lstat(store.path(key)).st_mtime_ns
+    v2 = store.replace(key, b"two\n", if_ver=v1)
+    assert v2 is not None
+    os.utime(store.path(key), ns=(mtime, mtime))  # as if both writes fell in one tick
+    assert store.replace(key, b"three\n", if_ver=v1) is None
+    assert store.read(key)[0] == b"two\n"  # type: ignore[index]
+    assert store.replace(key, b"four\n", if_ver=v2) is not None  # its own last version, by its bytes
+
+
+@pytest.mark.parametrize("exclusive", [False, True])
+def test_a_write_that_need_not_be_durable_keeps_the_contract(store: Store, exclusive: bool):
+    """``durable=False`` changes what a power loss may undo, nothing else: create-once and ``if_ver`` hold."""
+    key = "attempts/part-00000/0001/attempt.json"
+    v1 = store.create(key, b"running\n", exclusive=exclusive, durable=False)
+    assert v1 is not None and store.create(key, b"again\n", exclusive=exclusive, durable=False) is None
+    v2 = store.replace(key, b"done\n", if_ver=v1.ver, durable=False)
+    assert v2 is not None and store.replace(key, b"stale\n", if_ver=v1.ver, durable=False) is None
+    got = store.read(key)
+    assert got is not None and got[0] == b"done\n" and got[1].ver == v2
+
+
+@pytest.mark.parametrize("exclusive", [False, True])
+def test_posix_durable_false_fsyncs_the_file_not_its_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exclusive: bool
+):
+    """POSIX: a durable write fsyncs the file, then its folder after the link or rename; ``durable=False``
+    only the file (a power loss may roll the name back, a reader never sees a cut record)."""
+    store, synced = PosixStore(tmp_path), []
+    fsync = os.fsync
+
+    def seen(fd: int) -> None:
+        synced.append("folder" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", seen)
+    for durable in (True, False):
+        synced.clear()
+        created = store.create(f"d-{durable}/a.json", b"one\n", exclusive=exclusive, durable=durable)
+        assert created is not None
+        assert synced == (["file", "folder"] if durable else ["file"])
+        synced.clear()
+        assert store.replace(f"d-{durable}/a.json", b"two\n", if_ver=created.ver, durable=durable) is not None
+        assert synced == (["file", "folder"] if durable else ["file"])
 
 
 def test_posix_head_sees_a_planted_link_without_following_it(tmp_path: Path):

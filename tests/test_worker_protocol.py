@@ -119,6 +119,28 @@ def test_retry_budget_terminal_failure_then_retry_keeps_history(tmp_path, capsys
     assert cli_main(["verify", "--job-dir", str(job.root)]) == 0
 
 
+def test_a_second_retry_archives_the_first_retry_record_and_each_done_record(tmp_path):
+    from data_juicer_elastic.job.records.retry import requeue
+
+    job = make_job(tmp_path, rows=10, shards=1)
+    sid = job.manifest().shards[0].id
+    first_done = b""
+    for n in (1, 2):
+        assert run_worker(job.root, copy, log=lambda *_: None).exit_code == 0
+        first_done = first_done or job.done_path(sid).read_bytes()
+        earlier = job.retry_path(sid).read_bytes() if n == 2 else None
+        assert requeue(job, [sid]) == [sid]
+        assert not job.done_path(sid).exists()
+        assert orjson.loads(job.retry_path(sid).read_bytes())["after_attempt"] == n
+    history = {n.rsplit(".", 2)[-2]: [] for n in os.listdir(job.history_dir)}
+    for name in sorted(os.listdir(job.history_dir)):
+        history[name.rsplit(".", 2)[-2]].append((job.history_dir / name).read_bytes())
+    assert len(history["done"]) == 2 and first_done in history["done"]
+    assert history["retry"] == [earlier]  # the first retry record, as it was
+    archived = orjson.loads(job.retry_path(sid).read_bytes())["archived"]
+    assert [a["attempt"] for a in archived] == [1, 2]
+
+
 def _race_for_stale_lease(job_root: str, barrier, results) -> None:
     from data_juicer_elastic.job.layout import JobDir
 

@@ -51,6 +51,7 @@ from pathlib import Path
 import orjson
 
 from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.job.records.done import is_done
 from data_juicer_elastic.job.records.workers import WorkerLedger
 from data_juicer_elastic.storage.files import dumps_json
 from data_juicer_elastic.storage.host import holder_gone, hostname, identity
@@ -340,11 +341,10 @@ def heartbeat(
     ``.lost`` is set (and ``on_lost`` called) once a later attempt superseded it, or once another
     attempt of the shard (its backup, or the original it backs up) published the done record.
     """
-    done = store.job.done_path(lease.shard)
     return LeaseRefresher(
         lease.path,
         interval,
-        still_ours=lambda: store.is_current(lease) and not done.exists(),
+        still_ours=lambda: store.is_current(lease) and not is_done(store.job, lease.shard),
         log=log,
         on_lost=on_lost,
     )

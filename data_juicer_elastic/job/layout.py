@@ -321,6 +321,10 @@ class JobDir:
     def attempt_output(self, sid: str, attempt: int) -> Path:
         return self.attempt_dir(sid, attempt) / AttemptDir.OUTPUT
 
+    def attempt_key(self, sid: str, attempt: int) -> str:
+        """The attempt record's store key (``attempts/<shard>/<attempt>/attempt.json`` relative to the job root)."""
+        return self.key(self.attempt_dir(sid, attempt) / AttemptDir.RECORD)
+
     def confine(self, rel: str, what: str = "path") -> Path:
         return confine(self.root, rel, what)
 

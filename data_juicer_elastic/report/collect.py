@@ -275,7 +275,7 @@ def _lost_if_ended(a: Attempt, later: list[Attempt], done: DoneRecord | None) ->
 
 def read_attempt(job: JobDir, sid: str, n: int, now: float, notes: list[str]) -> Attempt | None:
     adir = job.attempt_dir(sid, n)
-    info = load_attempt(adir)
+    info = load_attempt(job, sid, n)
     if info is None or not info.started_at:
         notes.append(f"attempts/{sid}/{attempt_name(n)}/attempt.json missing or unreadable: attempt not shown")
         return None

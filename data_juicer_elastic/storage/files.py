@@ -64,7 +64,9 @@ def temp_name(path: str | os.PathLike) -> Path:
     return p.with_name(f".{p.name}.tmp-{hostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
-def _write_temp(path: str | os.PathLike, data: bytes) -> Path:
+def _write_temp(path: str | os.PathLike, data: bytes) -> tuple[Path, os.stat_result]:
+    """``data`` fsynced under a temp name beside ``path``, and its ``fstat``: a link or rename keeps the inode,
+    size and mtime, so that stat is the published file's without a stat after (one call fewer on a store)."""
     tmp = temp_name(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
@@ -72,12 +74,13 @@ def _write_temp(path: str | os.PathLike, data: bytes) -> Path:
         while view:
             view = view[os.write(fd, view) :]
         os.fsync(fd)
+        st = os.fstat(fd)
     except BaseException:
         os.close(fd)
         unlink_quietly(tmp)
         raise
     os.close(fd)
-    return tmp
+    return tmp, st
 
 
 def unlink_quietly(path: str | os.PathLike) -> None:
@@ -88,36 +91,46 @@ def unlink_quietly(path: str | os.PathLike) -> None:
         pass
 
 
-def atomic_write(path: str | os.PathLike, data: bytes) -> None:
-    """Replace ``path`` with ``data``: readers see the old bytes or the new, never a mix."""
-    tmp = _write_temp(path, data)
+def atomic_write(path: str | os.PathLike, data: bytes, *, durable: bool = True) -> os.stat_result:
+    """Replace ``path`` with ``data``: readers see the old bytes or the new, never a mix. The new file's stat.
+
+    The bytes are fsynced before the rename either way; ``durable=False`` skips the folder fsync after it,
+    so a crash of the machine holding the folder may roll ``path`` back to its old bytes (never a cut file).
+    """
+    tmp, st = _write_temp(path, data)
     try:
         os.replace(tmp, path)
     except BaseException:
         unlink_quietly(tmp)
         raise
-    fsync_dir(Path(path).parent)
+    if durable:
+        fsync_dir(Path(path).parent)
+    return st
 
 
-def publish_once(path: str | os.PathLike, data: bytes) -> bool:
+def publish_once(path: str | os.PathLike, data: bytes, *, durable: bool = True) -> os.stat_result | None:
     """Publish ``data`` at ``path`` unless something is already there.
 
     The bytes are written whole under a temp name first and then hard-linked,
     so the first publisher wins and nobody ever sees a partial record.
-    Returns True when this call published.
+    Returns the published file's stat when this call published, None when
+    somebody else's file is there. ``durable`` as for ``atomic_write`` (a
+    crash may then undo the link: ``path`` missing again).
     """
-    tmp = _write_temp(path, data)
+    tmp, st = _write_temp(path, data)
     try:
         os.link(tmp, path)
     except OSError as exc:
         if not lost_race(exc, path):
             raise
         if not _ours(tmp, path, data):
-            return False
+            return None
+        st = os.lstat(path)  # ours by its bytes, maybe not our inode (a resent link): what stands there
     finally:
         unlink_quietly(tmp)
-    fsync_dir(Path(path).parent)
-    return True
+    if durable:
+        fsync_dir(Path(path).parent)
+    return st
 
 
 def _ours(tmp: str | os.PathLike, path: str | os.PathLike, data: bytes) -> bool:
@@ -142,12 +155,13 @@ def lost_race(exc: OSError, path: str | os.PathLike) -> bool:
     return isinstance(exc, FileExistsError) or (isinstance(exc, PermissionError) and os.path.lexists(path))
 
 
-def create_exclusive(path: str | os.PathLike, data: bytes) -> bool:
+def create_exclusive(path: str | os.PathLike, data: bytes, *, durable: bool = True) -> bool:
     """Create ``path`` with O_CREAT|O_EXCL and write ``data``; False if it exists.
 
     Used for small lease files whose existence, not content, is the claim. If
     the bytes cannot be written (a full disk) the file is removed again: a
     claim cut short would otherwise read as an attempt that started and was lost.
+    ``durable`` as for ``atomic_write``.
     """
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -164,7 +178,8 @@ def create_exclusive(path: str | os.PathLike, data: bytes) -> bool:
     except BaseException:
         unlink_quietly(path)  # ours: O_EXCL made it
         raise
-    fsync_dir(Path(path).parent)
+    if durable:
+        fsync_dir(Path(path).parent)
     return True
 
 

@@ -3,11 +3,14 @@
 Nothing here changes how a file is written: ``create`` is ``publish_once``
 (temp + link: whole bytes or nothing, first writer wins) or, ``exclusive``,
 ``create_exclusive`` (O_EXCL + write: a lease), ``replace`` is
-``atomic_write`` (temp + fsync + rename), ``now`` is ``server_now`` (the file
+``atomic_write`` (temp + fsync + rename; ``durable=False`` leaves out the folder fsync after the link or
+rename, as ``replace_small`` always did), ``now`` is ``server_now`` (the file
 server's clock), ``renew`` rewrites a byte as ``touch`` does (the file server stamps the write) and
 ``release`` sets the mtime to ``RELEASED_MTIME``. Folders are made on demand, since a key implies its parents.
 Each call is the system calls ``job/claims.py`` made by hand before (tests/test_scale.py counts them): an age
 is one lstat when the caller holds ``now``, and a read or create probes the clock only if its age is asked for.
+A create or replace takes the new version from its temp file's ``fstat`` (a link or rename keeps the inode,
+size and mtime), not from a stat of the name after.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ class PosixStore:
         self.root = Path(root)
         self._root = str(self.root)  # reads join strings: on 100,000 done records a Path per key costs more
         self.clock_key = normalise_key(clock_key)  # a process may keep its own probe (claims.py: one per worker)
-        self._leases: dict[str, tuple[Ver, bytes]] = {}  # key -> a version renew handed out, and the bytes it had
+        self._leases: dict[str, tuple[Ver, bytes]] = {}  # key -> the version its last write here handed out, its bytes
         self._leases_lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -56,29 +59,39 @@ class PosixStore:
         """The file that holds ``key`` (normalised and confined)."""
         return self.root / normalise_key(key)
 
-    def create(self, key: str, data: bytes, *, exclusive: bool = False) -> Meta | None:
+    def create(self, key: str, data: bytes, *, exclusive: bool = False, durable: bool = True) -> Meta | None:
         path = self.path(key)
-        write = create_exclusive if exclusive else publish_once
-        if not _in_folder(path, lambda: write(path, data)):
+        if exclusive:
+            won = _in_folder(path, lambda: create_exclusive(path, data, durable=durable))
+            st = os.lstat(path) if won else None
+        else:
+            st = _in_folder(path, lambda: publish_once(path, data, durable=durable))
+        if st is None:
             return None
-        meta = self._meta(os.lstat(path), None)
+        meta = self._meta(st, None)
         self._remember(normalise_key(key), meta.ver, data)
         return meta
 
-    def replace(self, key: str, data: bytes, if_ver: Ver | None = None) -> Ver | None:
-        path = self.path(key)
-        if if_ver is not None and self._ver(path) != if_ver:
-            return None  # compare, then rename: as today (fencing never rested on it)
-        _in_folder(path, lambda: atomic_write(path, data))
-        return ver_of(os.lstat(path))
+    def replace(self, key: str, data: bytes, if_ver: Ver | None = None, *, durable: bool = True) -> Ver | None:
+        """``if_ver`` is compared as ``renew`` compares (``_holds``: the bytes this store last wrote there,
+        else the size and mtime, never the inode: sshfs may renumber the file between an attempt's two
+        writes). Compare, then rename: as today (fencing never rested on it)."""
+        norm = normalise_key(key)
+        path = self.root / norm
+        if if_ver is not None:
+            known = self._known(norm)
+            if not _holds(known, if_ver, _read_head(path, known), lambda: self._stat(path)):
+                return None
+        ver = ver_of(_in_folder(path, lambda: atomic_write(path, data, durable=durable)))
+        self._remember(norm, ver, data)
+        return ver
 
     def renew(self, key: str, ver: Ver) -> Ver | None:
         """Rewrite the first byte in place (the file server stamps the write; utime would send the node's clock).
 
-        Lost unless the file still holds the bytes ``ver`` had: remembered from
-        this store's create or last renew, else (another process's version)
-        its size and mtime must match ``ver``'s, the inode left out, since
-        sshfs may renumber one file. One open: fstat, pread, pwrite, fstat.
+        Lost unless the file still holds what ``ver`` named (``_holds``: the
+        bytes this store last wrote there, else size and mtime, never the
+        inode). One open: fstat, pread, pwrite, fstat.
         """
         norm = normalise_key(key)
         fd = _open_unlinked(str(self.root / norm), os.O_RDWR)  # a link: no lease is one
@@ -88,14 +101,9 @@ class PosixStore:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_mtime <= RELEASED_MTIME:
                 return None  # released (or not a file): lost, and left as it is
-            with self._leases_lock:
-                known = self._leases.get(norm)
             data = os.pread(fd, LEASE_BYTES, 0)
-            if known is not None and known[0] == ver:
-                if data != known[1]:
-                    return None  # another lease stands there now
-            elif not _same_but_inode(ver, st):
-                return None  # replaced, rewritten or touched since ``ver``
+            if not _holds(self._known(norm), ver, data, lambda: st):
+                return None  # another lease stands there now, or it was rewritten or touched since ``ver``
             try:
                 os.pwrite(fd, data[:1] or b"\n", 0)
             except OSError as exc:
@@ -173,11 +181,16 @@ class PosixStore:
         clock = self.now if now is None else now
         return Meta(st.st_size, ver_of(st), st.st_mtime, clock, st.st_mtime <= RELEASED_MTIME)
 
-    def _remember(self, key: str, ver: Ver, data: bytes) -> None:
-        if len(data) >= LEASE_BYTES:
-            return  # no lease: renew would compare only its first LEASE_BYTES
+    def _known(self, key: str) -> tuple[Ver, bytes] | None:
+        """The version this store's last create, replace or renew of ``key`` handed out, and the bytes it wrote."""
         with self._leases_lock:
-            self._leases.pop(key, None)
+            return self._leases.get(key)
+
+    def _remember(self, key: str, ver: Ver, data: bytes) -> None:
+        with self._leases_lock:
+            self._leases.pop(key, None)  # a larger write than is kept still forgets the bytes it replaced
+            if len(data) >= LEASE_BYTES:
+                return  # no lease nor small record: renew would compare only its first LEASE_BYTES
             self._leases[key] = (ver, data)  # newest last, so the oldest is dropped first
             while len(self._leases) > LEASES_KEPT:
                 del self._leases[next(iter(self._leases))]
@@ -199,6 +212,42 @@ class PosixStore:
 def _same_but_inode(ver: Ver, st: os.stat_result) -> bool:
     """Does ``st`` have ``ver``'s mtime and size (``ver_of``'s last two parts)?"""
     return ver.split("-", 1)[-1] == f"{st.st_mtime_ns}-{st.st_size}"
+
+
+def _holds(
+    known: tuple[Ver, bytes] | None, ver: Ver, data: bytes | None, stat_now: Callable[[], os.stat_result | None]
+) -> bool:
+    """Does a key still hold what ``ver`` named (``replace(if_ver)`` and ``renew``)? ``known``: what this
+    store's last write of it handed out and wrote; ``data``: its bytes now, at least one more than ``known``'s
+    (None: unreadable or missing); ``stat_now``: its stat, taken only if needed.
+
+    While that last write stands (the same bytes), only its version holds: an older one of ours is stale even
+    where size and mtime agree (one timestamp tick can hold two writes). That version with other bytes:
+    rewritten since. Any other version (another process's, nothing remembered): its size and mtime, the inode
+    left out, since sshfs may renumber one file.
+    """
+    if known is not None and data is not None and data == known[1]:
+        return ver == known[0]
+    if known is not None and ver == known[0]:
+        return False
+    st = stat_now()
+    return st is not None and _same_but_inode(ver, st)
+
+
+def _read_head(path: Path, known: tuple[Ver, bytes] | None) -> bytes | None:
+    """Enough of ``path`` to tell whether it holds ``known``'s bytes (one open, read, close); None when
+    nothing is remembered to compare with, or nothing readable is there (missing, a link, a folder, a FIFO)."""
+    if known is None:
+        return None
+    fd = _open_unlinked(str(path), os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block the open
+    if fd is None:
+        return None
+    try:
+        return os.read(fd, len(known[1]) + 1)
+    except OSError:
+        return None  # a folder (EISDIR), or a FIFO with no writer
+    finally:
+        os.close(fd)
 
 
 def _in_folder(path: Path, write: Callable[[], T]) -> T:

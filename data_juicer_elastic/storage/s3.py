@@ -74,13 +74,15 @@ class S3Store:
     def describe(self) -> str:
         return f"{self.url} (endpoint {self.endpoint})"
 
-    def create(self, key: str, data: bytes, *, exclusive: bool = False) -> Meta | None:
-        """One ``If-None-Match: *`` PUT (``exclusive`` changes nothing: a PUT is whole either way); its
-        ``modified`` is the response's ``Date``, the store's clock at the write (a PUT has no Last-Modified)."""
+    def create(self, key: str, data: bytes, *, exclusive: bool = False, durable: bool = True) -> Meta | None:
+        """One ``If-None-Match: *`` PUT (``exclusive`` and ``durable`` change nothing: a PUT is whole and
+        durable either way); its ``modified`` is the response's ``Date``, the store's clock at the write (a
+        PUT has no Last-Modified)."""
         resp = self._put_resp(self._full(normalise_key(key)), data, {"IfNoneMatch": "*"})
         return None if resp is None else _meta(resp, len(data))
 
-    def replace(self, key: str, data: bytes, if_ver: Ver | None = None) -> Ver | None:
+    def replace(self, key: str, data: bytes, if_ver: Ver | None = None, *, durable: bool = True) -> Ver | None:
+        """One PUT, ``If-Match`` with ``if_ver`` (``durable`` changes nothing: an answered PUT is durable)."""
         return self._put(self._full(normalise_key(key)), data, {} if if_ver is None else {"IfMatch": if_ver})
 
     def renew(self, key: str, ver: Ver) -> Ver | None:

@@ -32,7 +32,7 @@ class Store(Protocol):
         """Where the store is, as messages name it (a path; an s3:// URL and its endpoint)."""
         ...
 
-    def create(self, key: str, data: bytes, *, exclusive: bool = False) -> Meta | None:
+    def create(self, key: str, data: bytes, *, exclusive: bool = False, durable: bool = True) -> Meta | None:
         """Write ``data`` at ``key`` unless a key is there: its Meta, or None when somebody else's is.
 
         The Meta's ``modified`` is the store's stamp of the create (a lease's
@@ -43,11 +43,21 @@ class Store(Protocol):
         whose existence, not content, is the claim (leases): POSIX creates the
         name first and writes after (``O_EXCL``, fewer calls than temp + link),
         so a reader may briefly see it empty; S3 sends the same one PUT.
+        ``durable`` as for ``replace`` (False: a power loss may leave the key missing again).
         """
         ...
 
-    def replace(self, key: str, data: bytes, if_ver: Ver | None = None) -> Ver | None:
-        """Replace ``key`` whole; with ``if_ver`` only if it still has that version (None: it changed or went)."""
+    def replace(self, key: str, data: bytes, if_ver: Ver | None = None, *, durable: bool = True) -> Ver | None:
+        """Replace ``key`` whole; with ``if_ver`` only if it still has that version (None: it changed or went).
+
+        ``durable=False``: the caller accepts that a power loss (or a crash of
+        the file server), not a process kill, may roll the key back to its
+        previous bytes (for ``create``: no key). POSIX then leaves out the
+        folder fsync after the rename or link; the file's bytes are still
+        fsynced before it, so no reader ever sees a cut record (the attempt
+        record: a worker's own progress, as ``replace_small`` always wrote
+        it). S3 ignores it: a PUT is durable once answered.
+        """
         ...
 
     def renew(self, key: str, ver: Ver) -> Ver | None:

@@ -31,9 +31,10 @@ from data_juicer_elastic.job.claims import ClaimStore, Lease, heartbeat
 from data_juicer_elastic.job.layout import JobDir, attempt_name
 from data_juicer_elastic.job.manifest import Policy
 from data_juicer_elastic.job.records.attempt import AttemptRecord, attempt_file, load_attempt, write_attempt
-from data_juicer_elastic.job.records.done import DoneRecord, load_done, publish_done
+from data_juicer_elastic.job.records.done import DoneRecord, is_done, load_done, publish_done
 from data_juicer_elastic.storage.blocks import digest_file
 from data_juicer_elastic.storage.files import disk_full_in, read_record
+from data_juicer_elastic.storage.keys import Ver
 from data_juicer_elastic.worker.budget import fail_terminally, failure_count
 from data_juicer_elastic.worker.disk_full import NoSpace, give_back, space_for
 from data_juicer_elastic.worker.fencing import Fenced, RunnerStopper
@@ -83,6 +84,7 @@ class Attempt:
             backup=lease.backup_of is not None,
             backup_of=lease.backup_of,
         )
+        self.ver: Ver | None = None  # what this attempt's last write of its record left (None: none yet)
         self.outcome: str | None = None
         self.lock = threading.Lock()  # the finisher thread's outcome against a stopping worker's
         self.beat: Any = None  # the lease's refresher, from open() on
@@ -139,7 +141,7 @@ class Attempt:
             if (signum := received()) is not None:  # the runner wrapped our Interrupted in its own error
                 raise Interrupted(signum) from exc
             if full := disk_full_in(exc):
-                error = give_back(self.job, self.store, self.lease, self.record, NoSpace(self.output, full), self.log)
+                error = give_back(self.job, self.store, self.lease, self.end, NoSpace(self.output, full), self.log)
                 raise error from exc
             self.fail(exc)
             return None
@@ -191,7 +193,7 @@ class Attempt:
         if self.beat is not None:  # None: stopped before open() started it
             self.beat.__exit__(None, None, None)
         try:
-            self._end(outcome, error)
+            self.end(outcome, error)
         except OSError:
             pass
         self.store.release(self.lease)
@@ -204,7 +206,7 @@ class Attempt:
     def _beaten(self) -> bool:
         """Superseded, or another attempt of the shard (a backup, or the one this backs up) published done."""
         lost = self.beat is not None and self.beat.lost.is_set()
-        return lost or not self.store.is_current(self.lease) or self.job.done_path(self.lease.shard).exists()
+        return lost or not self.store.is_current(self.lease) or is_done(self.job, self.lease.shard)
 
     def _lost_race(self) -> None:
         """From the heartbeat's thread: stop the runner if another attempt beside this one published done.
@@ -212,7 +214,7 @@ class Attempt:
         Only this attempt's runner: the stopper drops the call when another attempt is the one running.
         A superseded attempt's runner is left to finish; it cannot publish.
         """
-        if self.store.is_current(self.lease) and self.job.done_path(self.lease.shard).exists():
+        if self.store.is_current(self.lease) and is_done(self.job, self.lease.shard):
             self.stopper.fire(self)
 
     def _fenced(self) -> str:
@@ -302,7 +304,7 @@ class Attempt:
         log_path = self.adir / AttemptDir.LOG
         with open(log_path, "a", encoding="utf-8") as f:
             f.write("\n" + "".join(traceback.format_exception(exc)))
-        self._end("failed", error)
+        self.end("failed", error)
         failures = failure_count(self.job, self.lease.shard, self.lease.attempt)
         self.log(f"{self.name} failed ({failures} failure(s)): {one_line(error, 300)}; log: {log_path}")
         if terminal or (failures > self.policy.max_retries and not self._backup_live()):
@@ -324,12 +326,17 @@ class Attempt:
         """Write the attempt record (ending it with ``outcome``); a full disk stops the worker."""
         with space_for(attempt_file(self.adir)):
             if outcome is None:
-                write_attempt(self.adir, self.record)
+                self._write(self.record)
             else:
-                self._end(outcome, error)
+                self.end(outcome, error)
 
-    def _end(self, outcome: str, error: str | None = None) -> None:
-        write_attempt(self.adir, self.record.finish(outcome, error))
+    def end(self, outcome: str, error: str | None = None) -> None:
+        """Record how the attempt ended, in the version of its record this attempt's last write left."""
+        self._write(self.record.finish(outcome, error))
+
+    def _write(self, record: AttemptRecord) -> None:
+        """Create the record (the first write), then replace the version this attempt's last write left."""
+        self.ver = write_attempt(self.job, record, self.ver)
 
 
 def verified_shard(job: JobDir, sid: str) -> Path:
@@ -361,12 +368,12 @@ def op_totals(adir: Path) -> dict:
 def claim_note(job: JobDir, sid: str, attempt: int, backup_of: int | None = None) -> str:
     """Say when a claim backs up a live attempt, takes over a lost one or retries a failed one (the console's story)."""
     if backup_of is not None:
-        prev = load_attempt(job.attempt_dir(sid, backup_of))
+        prev = load_attempt(job, sid, backup_of)
         where = f" on host={prev.host}" if prev else ""
         return f" (backing up attempt {attempt_name(backup_of)} of {sid}{where})"
     if attempt < 2:
         return ""
-    prev = load_attempt(job.attempt_dir(sid, attempt - 1))
+    prev = load_attempt(job, sid, attempt - 1)
     if prev is None or prev.outcome in (None, "running"):
         who = f"host={prev.host} pid={prev.pid}" if prev else "a worker that left no record"
         return f" (taking over attempt {attempt_name(attempt - 1)} of {who}: its lease went stale)"

@@ -22,7 +22,7 @@ def failure_count(job: JobDir, shard: str, upto: int) -> int:
     """
     count = 0
     for attempt in range(retry_base(job, shard) + 1, upto + 1):
-        record = load_attempt(job.attempt_dir(shard, attempt))
+        record = load_attempt(job, shard, attempt)
         if (record and record.backup) or lease_backup_of(job, shard, attempt) is not None:
             continue
         count += counts_as_failure(record, _released(job, shard, attempt))

@@ -15,7 +15,6 @@ from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.job.attempt_files import AttemptDir
 from data_juicer_elastic.job.claims import ClaimStore, Lease
 from data_juicer_elastic.job.layout import JobDir, attempt_name
-from data_juicer_elastic.job.records.attempt import AttemptRecord, write_attempt
 from data_juicer_elastic.job.records.done import load_done
 from data_juicer_elastic.storage.files import disk_full_in, no_space_error
 
@@ -43,15 +42,21 @@ def space_for(path: Path) -> Iterator[None]:
 
 
 def give_back(
-    job: JobDir, store: ClaimStore, lease: Lease, record: AttemptRecord, exc: NoSpace, log: Callable[[str], None]
+    job: JobDir,
+    store: ClaimStore,
+    lease: Lease,
+    end: Callable[[str, str], None],
+    exc: NoSpace,
+    log: Callable[[str], None],
 ) -> UserError:
-    """Give the shard back uncounted: drop the unpublished output, record why, release the lease."""
+    """Give the shard back uncounted: drop the unpublished output, record why (``end``: the attempt's own
+    writer, which holds its record's version), release the lease."""
     sid, attempt = lease.shard, lease.attempt
     adir = job.attempt_dir(sid, attempt)
     if _published_attempt(job, sid) != attempt:
         steps = (
             lambda: (adir / AttemptDir.OUTPUT).unlink(missing_ok=True),  # frees the space it took
-            lambda: write_attempt(adir, record.finish("no-space", f"no space left on device writing {exc.path}")),
+            lambda: end("no-space", f"no space left on device writing {exc.path}"),
         )
         for step in steps:
             try:

@@ -302,7 +302,7 @@ class Worker:
         try:
             opened = attempt.open(self.stages, in_background)
         except NoSpace as exc:
-            raise give_back(self.job, self.store, attempt.lease, attempt.record, exc, self.log) from exc.error
+            raise give_back(self.job, self.store, attempt.lease, attempt.end, exc, self.log) from exc.error
         except ElasticError:  # a tampered job dir: nothing ran, so the shard is left claimable
             self.store.release(attempt.lease)
             raise
@@ -340,7 +340,7 @@ class Worker:
             self.finishing.remove(pair)
             error = future.exception()
             if isinstance(error, NoSpace):  # only a full disk escapes the finish stage
-                raise give_back(self.job, self.store, attempt.lease, attempt.record, error, self.log) from error.error
+                raise give_back(self.job, self.store, attempt.lease, attempt.end, error, self.log) from error.error
             if error is not None:
                 raise error
             if self._count_pace(attempt, future.result()):

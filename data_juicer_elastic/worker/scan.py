@@ -25,6 +25,8 @@ from collections.abc import Callable
 from data_juicer_elastic.job.claims import ClaimStore, Lease
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.records.attempt import load_attempt
+from data_juicer_elastic.job.records.done import is_done
+from data_juicer_elastic.job.records.failed import is_failed
 from data_juicer_elastic.worker.budget import fail_terminally, failure_count
 from data_juicer_elastic.worker.lanes import Lanes
 from data_juicer_elastic.worker.pacing import TAIL_LIMIT, BusyWorker, Pace, should_claim
@@ -172,7 +174,7 @@ class ClaimChooser:
         now = self.store.now()
         found = []
         for b in live:
-            if self.job.done_path(b.shard).exists():
+            if is_done(self.job, b.shard):
                 continue
             n = self.store.latest_attempt(b.shard, b.attempt)
             if n == b.attempt and self.store.is_live(b.shard, n, now):
@@ -185,7 +187,7 @@ class ClaimChooser:
         """Claim the first shard that is free, stale or released; (None, failed shards) if a budget ran out."""
         now: float | None = None
         for sid, named in candidates:
-            if self.job.done_path(sid).exists() or self.job.failed_path(sid).exists():
+            if is_done(self.job, sid) or is_failed(self.job, sid):
                 continue
             current = self.store.latest_attempt(sid, named if self._exists(sid, named) else 0)
             if current:
@@ -199,7 +201,7 @@ class ClaimChooser:
             lease = self.store.try_claim(sid, current)
             if lease is None:
                 continue
-            if self.job.done_path(sid).exists():  # finished while we looked
+            if is_done(self.job, sid):  # finished while we looked
                 self.store.release(lease)
                 self.store.ledger.drop(sid, lease.attempt)
                 continue
@@ -216,7 +218,7 @@ class ClaimChooser:
         workers = []
         now = self.store.now() if busy else 0.0
         for b in busy:
-            info = load_attempt(self.job.attempt_dir(b.shard, b.attempt))
+            info = load_attempt(self.job, b.shard, b.attempt)
             if info and info.host == self.store.host and info.pid == self.store.pid:
                 continue  # this worker's own claims held ahead: its backlog counts them
             if info and info.pace is not None and info.claimed_at > 0 and not info.final:

@@ -36,7 +36,7 @@ from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.job.claims import ClaimStore, Lease
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.records.attempt import load_attempt
-from data_juicer_elastic.job.records.done import load_done
+from data_juicer_elastic.job.records.done import is_done, load_done
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ def late_attempt(job: JobDir, store: ClaimStore, book: Any, sid: str, attempt: i
     prefetched shard waits behind another before it starts), else from its claim.
     """
     expected = book.expected(sid)
-    info = load_attempt(job.attempt_dir(sid, attempt))
+    info = load_attempt(job, sid, attempt)
     if expected is None or info is None or info.claimed_at <= 0 or not info.host:
         return None
     began = info.processing_at if info.processing_at > 0 else info.claimed_at
@@ -169,7 +169,7 @@ class Speculator:
             lease = self.store.try_backup(late.shard, late.attempt)
             if lease is None:
                 continue
-            if self.job.done_path(late.shard).exists():  # finished while we looked
+            if is_done(self.job, late.shard):  # finished while we looked
                 self.store.release(lease)
                 self.store.ledger.drop(late.shard, lease.attempt)
                 continue

@@ -193,7 +193,7 @@ def _place(store: ClaimStore, snap: Snapshot, sid: str, named: int, now: float) 
 
 
 def _busy(store: ClaimStore, sid: str, attempt: int, now: float) -> Busy:
-    info = load_attempt(store.job.attempt_dir(sid, attempt))
+    info = load_attempt(store.job, sid, attempt)
     age = store.heartbeat_age(sid, attempt, now) or 0.0
     if info is None:
         lease = store.read_lease(sid, attempt) or {}
@@ -203,11 +203,11 @@ def _busy(store: ClaimStore, sid: str, attempt: int, now: float) -> Busy:
 
 def _done_of(job: JobDir, sid: str) -> dict | None:
     """The shard's done record as written; None if it has none ({} if unreadable: done, counted by nobody)."""
-    data = read_small(job.done_path(sid))
-    if data is None:
+    got = job.store.read(job.done_key(sid))
+    if got is None:
         return None
     try:
-        raw = orjson.loads(data)
+        raw = orjson.loads(got[0])
     except ValueError:
         return {}
     return raw if isinstance(raw, dict) else {}

@@ -17,7 +17,6 @@ stale).
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 
@@ -112,8 +111,6 @@ class TailWait:
 
 
 def _done_at(job: JobDir, sid: str) -> float | None:
-    """The mtime of the shard's done record (the shared clock), or None while it has none."""
-    try:
-        return os.stat(job.done_path(sid)).st_mtime
-    except FileNotFoundError:
-        return None
+    """When the shard's done record was written (the shared clock), or None while it has none."""
+    meta = job.store.head(job.done_key(sid))  # its clock is never read
+    return None if meta is None else meta.modified

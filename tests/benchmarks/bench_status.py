@@ -62,7 +62,7 @@ def build_job(root: Path, n: int, running: int = 8) -> JobDir:
             os.utime(lease, (now, now))
             adir = job.attempt_dir(spec.id, 1)
             adir.mkdir(parents=True)
-            write_attempt(adir, AttemptRecord(spec.id, 1, h, w.pid, "t", now - 1, now - 1, None, False))
+            write_attempt(job, AttemptRecord(spec.id, 1, h, w.pid, "t", now - 1, now - 1, None, False))
             w.pairs.append((spec.id, 1))
             continue
         end = start + step * 0.95

@@ -71,7 +71,7 @@ def build_job(root: Path, n: int, running: int = 8, seed: int = 0) -> JobDir:
             if outcome != "running":
                 rec.outcome, rec.finished_at = outcome, a_end
                 rec.error = "RuntimeError: injected" if outcome == "failed" else None
-            write_attempt(adir, rec)
+            write_attempt(job, rec)
             lease = job.claims_dir / lease_name(spec.id, k)
             lease.write_bytes(b"{}")
             stamp = now if live else (RELEASED_MTIME if outcome == "failed" else a_end)

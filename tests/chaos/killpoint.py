@@ -104,8 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     elif a.point == "published":
         publish = posix_mod.publish_once  # under the store's create: the done record is published through it
 
-        def publish_then_die(path, data):
-            won = publish(path, data)
+        def publish_then_die(path, data, **how):
+            won = publish(path, data, **how)
             if won and Path(path).parent.name == "done" and _targeted(Path(path).name[:-5]):
                 _die()
             return won

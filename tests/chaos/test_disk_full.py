@@ -129,9 +129,9 @@ def test_disk_full_when_publishing_the_done_record(tmp_path, monkeypatch):
     job = make_job(tmp_path, rows=40, shards=4)
     real = posix_mod.publish_once  # what the store's create runs on POSIX
 
-    def full(path, data):
+    def full(path, data, **how):
         if Path(path).parent.name != "done":
-            return real(path, data)
+            return real(path, data, **how)
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(posix_mod, "publish_once", full)

@@ -21,6 +21,7 @@ from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.manifest import Policy
 from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
 from data_juicer_elastic.storage.files import create_exclusive, publish_once, server_now
+from data_juicer_elastic.storage.posix import PosixStore
 
 from ..jobs import (
     RECIPE,
@@ -62,7 +63,8 @@ def _race(folder: str, kind: str, rounds: int, start, results) -> None:
         start.wait()
         path = Path(folder) / f"{kind}-{r}"
         try:
-            won = create_exclusive(path, b"x") if kind == "excl" else publish_once(path, f"{os.getpid()}\n".encode())
+            data = f"{os.getpid()}\n".encode()
+            won = create_exclusive(path, b"x") if kind == "excl" else publish_once(path, data) is not None
         except OSError as exc:
             won = f"error {exc!r}"
         results.put((r, won))
@@ -105,6 +107,28 @@ def test_rename_replaces_whole_and_the_server_clock_agrees_across_mounts(sshfs_p
     clock_a, clock_b = server_now(a / "clock-a"), server_now(b / "clock-b")
     assert abs(clock_a - clock_b) <= 2.0
     assert abs(clock_a - time.time()) <= 5.0  # the same machine here: one clock
+
+
+def test_a_record_s_version_from_its_temp_file_is_the_one_the_mounts_then_see(sshfs_pair):
+    """A create or replace takes its version from the temp file's fstat before the link or rename; over sshfs
+    (its own inode numbers, whole-second mtimes) that must be the size and mtime a later stat reports, or a
+    process with nothing remembered would refuse the writer's version (and the writer its own, renumbered)."""
+    _, a, b = sshfs_pair.fresh()
+    key, running, ended = "attempts/p/0001/attempt.json", b'{"outcome": "running"}\n', b'{"outcome": "done"}\n'
+    writer = PosixStore(a)
+    created = writer.create(key, running, durable=False)
+    head = writer.head(key)
+    assert created is not None and head is not None
+    assert (created.modified, created.size) == (head.modified, head.size)
+    ver = writer.replace(key, ended, if_ver=created.ver, durable=False)
+    assert ver is not None
+    wait_for(lambda: (b / key).read_bytes() == ended, timeout=60)
+    theirs = PosixStore(a).replace(key, running, if_ver=ver, durable=False)  # by size and mtime only
+    assert theirs is not None
+    assert writer.replace(key, ended, if_ver=ver) is None  # the bytes it wrote are gone: refused
+    wait_for(lambda: (b / key).read_bytes() == running, timeout=60)
+    seen = PosixStore(b).head(key)  # node b: its own inode number, the same size and mtime
+    assert seen is not None and PosixStore(b).replace(key, ended, if_ver=seen.ver) is not None
 
 
 def test_heartbeat_and_release_across_mounts(sshfs_pair, tmp_path):

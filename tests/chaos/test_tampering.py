@@ -326,3 +326,40 @@ def test_edited_retry_record_is_refused(tmp_path, record):
     result = run_worker(job.root, copy, log=lambda *_: None)
     assert result.exit_code == 2 and str(job.retry_path("part-00000-of-00001")) in result.message
     assert not os.listdir(job.done_dir)
+
+
+def test_an_attempt_record_rewritten_by_another_writer_is_refused_not_overwritten(tmp_path):
+    """attempt.json is created once, then replaced only in the version its worker's last write left."""
+    from data_juicer_elastic.job.records.attempt import AttemptRecord, write_attempt
+
+    job = make_job(tmp_path, rows=10, shards=1)
+    sid = job.manifest().shards[0].id
+    record = AttemptRecord(sid, 1, "node-a", 11, "t", 1.0, 1.0, None, False)
+    ver = write_attempt(job, record)
+    ver = write_attempt(job, record, ver)  # the worker's own version: replaced
+    path = job.attempt_dir(sid, 1) / "attempt.json"
+    foreign = b'{"outcome": "done", "host": "intruder"}\n'
+    path.write_bytes(foreign)
+    with pytest.raises(IntegrityError, match="written by something other than the worker"):
+        write_attempt(job, record.finish("failed", "boom"), ver)
+    with pytest.raises(IntegrityError, match="written by something other than the worker"):
+        write_attempt(job, record)  # a second first write (a create): the name is taken
+    assert path.read_bytes() == foreign
+
+
+def test_retry_refuses_a_link_planted_as_the_done_record(tmp_path):
+    """A link at the done record's name holds the name (workers skip the shard) but is no record: retry
+    neither follows nor moves it, and says so."""
+    from data_juicer_elastic.job.records.retry import requeue
+
+    job = make_job(tmp_path, rows=10, shards=1)
+    sid = job.manifest().shards[0].id
+    assert run_worker(job.root, copy, log=lambda *_: None).exit_code == 0
+    outside = tmp_path / "outside.json"
+    outside.write_bytes(job.done_path(sid).read_bytes())
+    job.done_path(sid).unlink()
+    job.done_path(sid).symlink_to(outside)
+    with pytest.raises(IntegrityError, match="not a record"):
+        requeue(job, [sid])
+    assert job.done_path(sid).is_symlink() and outside.exists()
+    assert not [n for n in os.listdir(job.history_dir) if n.endswith(".done.json")]

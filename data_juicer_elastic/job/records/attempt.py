@@ -1,10 +1,13 @@
 """The attempt record, ``attempts/<shard>/<attempt>/attempt.json``: one attempt's progress and outcome.
 
-The worker writes it when the attempt starts (outcome ``running``) and
-replaces it once the attempt ends (``finish``). Other workers read it for
+The worker creates it when the attempt starts (outcome ``running``) and
+replaces it once the attempt ends (``finish``), through the job's Store (key
+``JobDir.attempt_key``): the create is create-once, and each later write names
+the version the worker's own last write left, so a record rewritten by
+anything else is refused rather than overwritten. Other workers read it for
 tail pacing (``claimed_at``, ``pace``, ``final``) and for the retry budget
-(``outcome``), through ``load_attempt``: a missing or unreadable record
-reads as None, which the failure count treats as an attempt lost.
+(``outcome``), through ``load_attempt``: a missing or unreadable record (or a
+link at its name) reads as None, which the failure count treats as an attempt lost.
 """
 
 from __future__ import annotations
@@ -15,10 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from data_juicer_elastic.errors import IntegrityError
 from data_juicer_elastic.job.attempt_files import AttemptDir
-from data_juicer_elastic.job.records._read import int_or, load_object, number_or_none
-from data_juicer_elastic.job.records.workers import replace_small
+from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.job.records._read import int_or, load_key, number_or_none
 from data_juicer_elastic.storage.files import dumps_json
+from data_juicer_elastic.storage.keys import Ver
 
 # Outcomes of an attempt that do not count against the retry budget: the
 # worker was told to stop, it stalled and someone else took the shard, its
@@ -60,16 +65,35 @@ def attempt_file(attempt_dir: Path) -> Path:
     return attempt_dir / AttemptDir.RECORD
 
 
-def write_attempt(attempt_dir: Path, record: AttemptRecord) -> None:
-    """Replace the record atomically. The file is fsynced before the rename (over sshfs a rename can otherwise
-    reach the server before the bytes, and another node reads a cut record); the folder is not."""
-    replace_small(attempt_file(attempt_dir), dumps_json(record.to_dict()), fsync=True)
+def write_attempt(job: JobDir, record: AttemptRecord, ver: Ver | None = None) -> Ver:
+    """Put ``record`` on the store whole; the version written, for the writer's next call.
+
+    Without ``ver``: the attempt's first write, a create (a record already there was written by something
+    other than this attempt). With it: a replace, only while the record still has ``ver`` (the version the
+    writer's own last write returned). Either refused raises IntegrityError; nothing is written then.
+    POSIX fsyncs the bytes before the link or rename (over sshfs a rename can otherwise reach the server
+    before the bytes, and another node reads a cut record), not the folder after it (``durable=False``): a
+    power loss may roll the record back a write (to missing, or to ``running``), which readers already
+    take for an attempt lost, and the worker that wrote it is gone with it.
+    """
+    key, data = job.attempt_key(record.shard, record.attempt), dumps_json(record.to_dict())
+    if ver is None:
+        meta = job.store.create(key, data, durable=False)
+        written = None if meta is None else meta.ver
+    else:
+        written = job.store.replace(key, data, if_ver=ver, durable=False)
+    if written is None:
+        raise IntegrityError(
+            f"{attempt_file(job.attempt_dir(record.shard, record.attempt))}: written by something other than "
+            f"the worker running attempt {record.attempt} of {record.shard}; refusing to overwrite it"
+        )
+    return written
 
 
-def load_attempt(attempt_dir: Path) -> AttemptRecord | None:
+def load_attempt(job: JobDir, shard: str, attempt: int) -> AttemptRecord | None:
     """The attempt's record; None when it is missing or not an attempt record."""
     try:
-        raw = load_object(attempt_file(attempt_dir))
+        raw = load_key(job.store, job.attempt_key(shard, attempt))
     except (OSError, ValueError):
         return None
     if not isinstance(raw, dict):

@@ -85,6 +85,11 @@ def publish_done(job: JobDir, record: DoneRecord) -> bool:
     return job.store.create(job.done_key(record.shard), dumps_json(record.to_dict())) is not None
 
 
+def is_done(job: JobDir, shard: str) -> bool:
+    """Has the shard a done record? One ``head`` (an lstat on POSIX; a planted link takes the name too)."""
+    return job.store.head(job.done_key(shard)) is not None
+
+
 def load_done(job: JobDir, shard: str) -> DoneRecord | None:
     """The shard's done record, checked; None when there is none yet. Raises IntegrityError."""
     try:

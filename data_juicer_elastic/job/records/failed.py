@@ -40,6 +40,11 @@ def publish_failed(job: JobDir, record: FailedRecord) -> bool:
     return job.store.create(job.failed_key(record.shard), dumps_json(record.to_dict())) is not None
 
 
+def is_failed(job: JobDir, shard: str) -> bool:
+    """Has the shard a failed record? One ``head`` (an lstat on POSIX), as ``done.is_done``."""
+    return job.store.head(job.failed_key(shard)) is not None
+
+
 def load_failed(job: JobDir, shard: str) -> FailedRecord | None:
     """The shard's failed record, None if there is none; fields it cannot trust read as None."""
     try:

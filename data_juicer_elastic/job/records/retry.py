@@ -24,9 +24,10 @@ from data_juicer_elastic.job.claims import claim_store
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.records._read import MISSING, int_or, load_object
 from data_juicer_elastic.job.records.attempt import load_attempt
-from data_juicer_elastic.job.records.done import load_done
+from data_juicer_elastic.job.records.done import is_done, load_done
+from data_juicer_elastic.job.records.failed import is_failed
 from data_juicer_elastic.job.records.workers import WorkerRecord, read_small
-from data_juicer_elastic.storage.files import atomic_write, dumps_json
+from data_juicer_elastic.storage.files import dumps_json
 
 
 @dataclass(frozen=True)
@@ -96,12 +97,45 @@ def summed_by_records(archived: list[Archived], records: list[WorkerRecord]) -> 
 
 
 def write_retry(job: JobDir, record: RetryRecord, stamp: str) -> None:
-    """Put ``record`` in place; an earlier one goes to history under ``stamp``."""
-    path = job.retry_path(record.shard)
-    if path.exists():
-        os.rename(path, job.history_dir / f"{stamp}-{record.shard}.retry.json")
+    """Put ``record`` in place; an earlier one goes to history under ``stamp`` and is replaced only if unchanged.
+
+    Raises UserError when another ``retry`` of the shard wrote its record meanwhile (nothing is overwritten).
+    """
+    key = job.key(job.retry_path(record.shard))
     body = {"shard": record.shard, "after_attempt": record.after_attempt, "at": record.at}
-    atomic_write(path, dumps_json({**body, "archived": list(record.archived)}))
+    data = dumps_json({**body, "archived": list(record.archived)})
+    earlier = job.store.read(key)
+    if earlier is None:
+        written = job.store.create(key, data) is not None
+    else:
+        _keep(job, earlier[0], f"{stamp}-{record.shard}.retry.json")
+        written = job.store.replace(key, data, if_ver=earlier[1].ver) is not None
+    if not written:
+        raise UserError(
+            f"retry: {job.retry_path(record.shard)} was written by another `dj-elastic retry` meanwhile; "
+            "check `dj-elastic status`, then run it again if the shard still needs it"
+        )
+
+
+def _keep(job: JobDir, data: bytes, name: str) -> None:
+    """Put a copy of a record in state/history (create-once: nothing there is ever overwritten)."""
+    if job.store.create(job.key(job.history_dir / name), data) is None:
+        raise UserError(f"retry: {job.history_dir / name} exists already; run retry again (a new name is drawn)")
+
+
+def _archive(job: JobDir, key: str, name: str) -> None:
+    """Move the record at ``key`` to state/history: a copy first, then the record, only in the version copied.
+
+    A kill between the two leaves both; the record still stands, so the shard reads as before and a
+    later ``retry`` archives it again.
+    """
+    got = job.store.read(key)
+    if got is None:
+        if job.store.head(key) is not None:  # the name is taken (a worker sees it done), but not by a record
+            raise IntegrityError(f"{job.root / key}: not a record (a link?); move it away, then run retry again")
+        return  # archived meanwhile by another retry
+    _keep(job, got[0], name)
+    job.store.delete(key, if_ver=got[1].ver)
 
 
 def retry_base(job: JobDir, shard: str) -> int:
@@ -161,18 +195,20 @@ def requeue(job: JobDir, shard_ids: list[str] | None = None, *, all_failed: bool
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
     for sid in shard_ids:
         job.shard(sid)  # validates the id
-        records = [p for p in (job.failed_path(sid), job.done_path(sid)) if p.exists()]
+        failed, done = is_failed(job, sid), is_done(job, sid)
         latest = store.latest_attempt(sid)
-        if not records:
+        if not failed and not done:
             state = "running" if latest else "pending"
             raise UserError(f"retry: shard {sid} is {state}, not failed or done; nothing to requeue")
         publishers = _archived_so_far(job, sid)
-        publisher = _publisher(job, sid) if job.done_path(sid) in records else None
+        publisher = _publisher(job, sid) if done else None
         if publisher is not None:
             publishers = (*publishers, publisher)
         write_retry(job, RetryRecord(sid, latest, time.time(), publishers), stamp)
-        for path in records:
-            os.rename(path, job.history_dir / f"{stamp}-{sid}.{path.parent.name}.json")
+        if failed:
+            _archive(job, job.failed_key(sid), f"{stamp}-{sid}.failed.json")
+        if done:
+            _archive(job, job.done_key(sid), f"{stamp}-{sid}.done.json")
         for attempt in (latest, latest - 1):  # the latest, and the attempt it may back up
             if attempt > 0 and _ended(job, sid, attempt):
                 store.release_attempt(sid, attempt)
@@ -181,5 +217,5 @@ def requeue(job: JobDir, shard_ids: list[str] | None = None, *, all_failed: bool
 
 def _ended(job: JobDir, shard: str, attempt: int) -> bool:
     """Did the attempt end (its record names an outcome other than running)? Then its lease holds nothing."""
-    record = load_attempt(job.attempt_dir(shard, attempt))
+    record = load_attempt(job, shard, attempt)
     return record is not None and record.outcome not in (None, "running")
