@@ -18,6 +18,7 @@ from data_juicer_elastic.prepare.shards import _ShortRead
 from data_juicer_elastic.prepare.split import TooFewRows
 from data_juicer_elastic.storage.files import disk_full_in
 from data_juicer_elastic.storage.probe import StoreRefused
+from data_juicer_elastic.storage.s3_upload import Refused
 from data_juicer_elastic.worker.attempt import ShardMismatch
 from data_juicer_elastic.worker.disk_full import NoSpace
 from data_juicer_elastic.worker.fencing import Fenced
@@ -45,6 +46,7 @@ def _samples() -> list[BaseException]:
         Interrupted(15),
         Fenced(),
         StoreRefused("s3://bucket/job at http://127.0.0.1:9000 lets a second create-once write through"),
+        Refused("s3://bucket/out/merged.jsonl: exists; pass --overwrite to replace it"),
     ]
 
 

@@ -85,7 +85,7 @@ def test_index_key_recipe_matches_one_ray_run(index_job):
 
 def test_command_line_overrides_are_honoured(index_job):
     manifest = json.loads((index_job["job"] / "manifest.json").read_text())
-    assert manifest["policy"]["num_shards"] == 3 and len(manifest["shards"]) == 3
+    assert manifest["policy"]["num_shards"] == 3 and len(manifest["shard_table"]["rows"]) == 3
     assert manifest["index_keys"] == ["row_idx"] and manifest["media_keys"] == ["images", "audios", "videos"]
     recipe = yaml.safe_load(JobDir(index_job["job"]).recipe_path.read_text())
     assert {"text_length_filter": {"min_len": 40}} in recipe["process"]
