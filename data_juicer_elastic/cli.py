@@ -228,7 +228,7 @@ def cmd_worker(a: Namespace) -> int:
     if a.prefetch_shards < 0:
         raise UserError(f"--prefetch-shards must be 0 or more, got {a.prefetch_shards}")
     result = run_worker(
-        job.gen_dir,
+        job,
         runner,
         max_shards=a.max_shards,
         stop_when_idle=a.stop_when_idle,

@@ -117,7 +117,7 @@ class ShardTable(Sequence[ShardSpec]):
 
     def _make_index(self) -> tuple[dict[str, Any], bytes]:
         ends, digests, data = [], [], bytearray()
-        specs = self._blocks.specs()
+        specs = list(self)
         for b in range(0, len(specs), BLOCK):
             block = b"".join(_line(s) for s in specs[b : b + BLOCK])
             data += block
@@ -204,9 +204,6 @@ class _Held:
     def __init__(self, specs: tuple[ShardSpec, ...]) -> None:
         self._specs = specs
 
-    def specs(self) -> tuple[ShardSpec, ...]:
-        return self._specs
-
     def block(self, b: int) -> Sequence[ShardSpec]:
         return self._specs[b * BLOCK : (b + 1) * BLOCK]
 
@@ -219,9 +216,6 @@ class _Stored:
         self.count = len(rows)
         self._last: tuple[int, list[ShardSpec]] | None = None
         self._first_rows: array | None = None  # each shard's first row, summed from ``rows`` when first needed
-
-    def specs(self) -> list[ShardSpec]:
-        return [s for b in range(len(self.ends)) for s in self.block(b)]
 
     def check_all(self) -> None:
         """Hash every block once, streamed (nothing kept)."""

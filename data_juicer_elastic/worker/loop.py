@@ -95,7 +95,7 @@ class Worker:
 
     def __init__(
         self,
-        job_dir: str | os.PathLike,
+        job_dir: str | os.PathLike | JobDir,
         runner: Runner,
         *,
         prefetch: int = 0,
@@ -108,7 +108,8 @@ class Worker:
         stall_timeout: float | None = None,
         log: Callable[[str], None] = print,
     ) -> None:
-        self.job = JobDir(job_dir, shared_link_check=True)
+        # a JobDir the caller already opened keeps its loaded manifest (its table is checked once a process)
+        self.job = job_dir if isinstance(job_dir, JobDir) else JobDir(job_dir, shared_link_check=True)
         self.policy = self.job.manifest().policy
         self.stages = Stages.of(runner)
         self.depth = max(int(prefetch), 0)
@@ -384,7 +385,9 @@ class Worker:
             self.log(f"{len(running)} shard load(s) still run in the background; closing the runner anyway")
 
 
-def run_worker(job_dir: str | os.PathLike, runner: Runner, *, prefetch: int = 0, **options: Any) -> WorkerResult:
+def run_worker(
+    job_dir: str | os.PathLike | JobDir, runner: Runner, *, prefetch: int = 0, **options: Any
+) -> WorkerResult:
     """Run the claim loop until the job is complete, failed, or a limit is reached.
 
     ``prefetch`` > 0: claim and load that many shards ahead of the one being processed; 0: one at a time.
