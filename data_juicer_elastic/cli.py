@@ -31,6 +31,7 @@ from data_juicer_elastic.errors import ElasticError, UserError
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.status import describe_error_rows, error_rows_by_shard, first_line
 from data_juicer_elastic.storage.mounts import job_dir_problem
+from data_juicer_elastic.worker.signals import Interrupted
 from data_juicer_elastic.worker.speculation import Speculation
 
 
@@ -380,6 +381,9 @@ def main(argv: list[str] | None = None) -> int:
     except ElasticError as exc:
         print(f"dj-elastic {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except Interrupted as exc:  # a stop that landed where no command handles it (between a guard's parts)
+        print(f"dj-elastic {args.command}: interrupted by {exc}", file=sys.stderr)
+        return 128 + exc.signum
     except FileNotFoundError as exc:
         err = UserError(f"{exc.filename}: no such file or directory")
         print(f"dj-elastic {args.command}: error: {err}", file=sys.stderr)

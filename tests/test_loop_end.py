@@ -13,8 +13,9 @@ import orjson
 import pytest
 
 from data_juicer_elastic.job.records.done import load_done
+from data_juicer_elastic.job.records.workers import read_workers
 from data_juicer_elastic.worker.fencing import FENCE_SIGNAL, Fenced, RunnerStopper
-from data_juicer_elastic.worker.loop import run_worker
+from data_juicer_elastic.worker.loop import Worker, run_worker
 
 from .jobs import attempt_outcomes, make_job, spawn_worker, wait_for
 from .runners import copy
@@ -117,3 +118,22 @@ def test_an_idle_claim_loop_that_sees_nothing_move_gives_up_after_the_stall_time
     worker.chooser.claim_next = finds_nothing
     result = worker.run()
     assert result.stalled and result.exit_code == 1 and "for 1s" in result.message
+
+
+def test_a_stop_during_the_last_ledger_write_exits_128_plus_n_with_the_ledger_written(tmp_path):
+    """CI saw a SIGTERMed worker exit 1 with a traceback: the stop landed in the worker record's write after
+    the loop had ended, outside the handling that maps a stop to 128 + N. It is this worker's end now, and
+    the record is still written (published counts what it did)."""
+    job = make_job(tmp_path, rows=20, shards=2)
+    worker = Worker(job.root, copy, log=lambda _line: None)
+    flush = worker.store.flush
+
+    def stopped_while_flushing() -> None:
+        os.kill(os.getpid(), signal.SIGTERM)  # its handler runs at the next bytecode: inside this call
+        flush()
+
+    worker.store.flush = stopped_while_flushing  # called once, after the loop
+    result = worker.run()
+    assert (result.exit_code, result.message) == (128 + signal.SIGTERM, "interrupted by SIGTERM")
+    records, _ = read_workers(job.workers_dir)
+    assert [r.published for r in records] == [2]

@@ -184,9 +184,19 @@ class Worker:
                 self._abandon(outcome)
                 result.exit_code, result.message = end.exit_code, end.message
             finally:
+                self._release(result)
+        return result
+
+    def _release(self, result: WorkerResult) -> None:
+        """Let loads end and write this worker's ledger, also when a stop lands meanwhile: the stop is then
+        this worker's end (128 + N), and the second try runs through, since repeats of a signal are ignored."""
+        for _ in range(2):
+            try:
                 self._let_loads_end()
                 self.store.flush()
-        return result
+                return
+            except Interrupted as exc:
+                result.exit_code, result.message = 128 + exc.signum, f"interrupted by {exc}"
 
     def _loop(self, result: WorkerResult) -> None:
         while True:
