@@ -34,6 +34,7 @@ from data_juicer_elastic.folder_export import (
 )
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.manifest import ShardSpec
+from data_juicer_elastic.job.records._read import load_record
 from data_juicer_elastic.job.records.done import DoneRecord, load_done, load_done_many
 from data_juicer_elastic.job.records.failed import is_failed
 from data_juicer_elastic.progress import ProgressBar
@@ -46,7 +47,6 @@ from data_juicer_elastic.storage.files import (
     fsync_dir,
     lost_race,
     no_space_error,
-    read_record,
     remove_dead_temps,
     remove_dead_temps_in,
     temp_name,
@@ -103,7 +103,7 @@ def verify(job: JobDir, *, expect_nodes: int | None = None, check_content: bool 
             hosts[check.host] = hosts.get(check.host, 0) + 1
     if complete and expect_nodes is not None and len(hosts) < expect_nodes:
         problems.append(f"only {len(hosts)} host(s) completed shards, {expect_nodes} expected")
-    exported = read_record(job.merge_record_path)
+    exported = load_record(job.store, job.key(job.merge_record_path))
     folder = exported.get("kind") == "folder" and isinstance(exported.get("output"), str)
     if check_content and folder and not s3_export.is_s3(exported["output"]):
         problems += verify_folder(exported["output"])  # the latest export, re-read against its _SUCCESS
@@ -266,7 +266,7 @@ def merged_already(job: JobDir, output: str) -> dict | None:
     ``_SUCCESS``) is compared by size, mtime and inode (a rewrite or a
     replacement changes them). What killed merges left beside it is cleared.
     """
-    record = read_record(job.merge_record_path)
+    record = load_record(job.store, job.key(job.merge_record_path))
     out = s3_export.location(output)
     stat = record.get("output_stat")
     if record.get("output") != out or not isinstance(stat, dict) or not isinstance(record.get("shards"), list):

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from data_juicer_elastic.errors import IntegrityError, one_line
-from data_juicer_elastic.job.claims import RELEASED_MTIME, ClaimStore, claim_store, lease_name
+from data_juicer_elastic.job.claims import ClaimStore, claim_store, lease_key
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.manifest import Manifest
 from data_juicer_elastic.job.records.attempt import load_attempt
@@ -191,9 +190,10 @@ def job_summary(job: JobDir) -> JobStatus:
 
 
 def _latest_attempts(job: JobDir, rows: Mapping[str, int]) -> dict[str, int]:
-    """``ClaimStore.latest_attempts`` for the manifest's shards (one listing; a name is split, not matched)."""
+    """``ClaimStore.latest_attempts`` for the manifest's shards (one listing of names; a name is split, not
+    matched)."""
     latest: dict[str, int] = {}
-    for name in os.listdir(job.claims_dir):
+    for name in job.store.names(job.key(job.claims_dir)):
         sid, at, n = name.rpartition("@")
         if at and n.isdigit() and sid in rows and int(n) > latest.get(sid, 0):
             latest[sid] = int(n)
@@ -256,17 +256,16 @@ def lost_attempts(job: JobDir, sid: str, upto: int) -> int:
     lost = 0
     for n in range(1, upto + 1):
         r = load_attempt(job, sid, n)
-        if r is None and _released(job.claims_dir / lease_name(sid, n)):
+        if r is None and _released(job, sid, n):
             continue
         lost += r is None or r.outcome in (None, "running")
     return lost
 
 
-def _released(lease: os.PathLike) -> bool:
-    try:
-        return os.lstat(lease).st_mtime <= RELEASED_MTIME
-    except FileNotFoundError:
-        return False
+def _released(job: JobDir, sid: str, n: int) -> bool:
+    """Was lease ``n`` given up (``Store.release``)? One head, no age asked: no clock read."""
+    meta = job.store.head(lease_key(job, sid, n))
+    return meta is not None and meta.released
 
 
 def _done_status(sid: str, rows_in: int, attempts: int, rec: DoneRecord | IntegrityError | None) -> ShardStatus:

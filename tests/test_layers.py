@@ -256,3 +256,80 @@ def test_the_checks_catch_what_they_are_for():
     ]
     at_import_time = {f"{PLUGIN}.executor": {f"{RAY_RUNNER}.runner": False}}
     assert len(upward_imports(at_import_time, UPWARD_ALLOWED)) == 1  # allowed only inside a function
+
+
+# --------------------------------------------------------------------------- the job dir's views read its store
+# docs/OBJECT_STORE.md section 6 step 5: these modules read the job dir through ``JobDir.store`` (names, head,
+# read), never by path, so they read an S3 job dir once it has one. Only their own calls are checked: what they
+# reach through another module (``JobDir.done_ids``, ``ClaimStore.latest_attempts``, ``parquet_out``'s recipe read)
+# is that module's step.
+STORE_READERS = (f"{PACKAGE}.status", f"{PACKAGE}.report.collect", f"{PACKAGE}.merge")
+
+# A call whose name ends in one of these reads the file system by path (os, os.path, pathlib, storage.files).
+PATH_READS = frozenset(
+    {
+        *("lstat", "stat", "listdir", "scandir", "walk", "exists", "lexists", "isdir", "isfile", "getmtime"),
+        *("getsize", "is_dir", "is_file", "iterdir", "glob", "rglob", "read_bytes", "read_text"),
+        *("read_record", "read_json"),
+    }
+)
+
+# (module, function, call) -> why it stays on a path.
+TARGET = "the merge target: a local export path, not the job dir (an s3:// target goes through s3_export)"
+PATH_READS_ALLOWED = {
+    (f"{PACKAGE}.merge", "_check_target", "out.is_dir"): TARGET,
+    (f"{PACKAGE}.merge", "_check_target", "os.path.lexists"): TARGET,
+    (f"{PACKAGE}.merge", "_stat_of", "os.stat"): "the merged output's (or _SUCCESS's) stamp for merge.json: " + TARGET,
+}
+
+
+def path_reads(source: str) -> list[tuple[str, str]]:
+    """(function, call) for each call in ``source`` named like a read by path (:data:`PATH_READS`); an import
+    of such a name from ``os``, ``os.path`` or ``pathlib`` is one too (function ``import``)."""
+    found = []
+
+    def visit(node: ast.AST, func: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else func
+            if isinstance(child, ast.Call) and ast.unparse(child.func).rpartition(".")[2] in PATH_READS:
+                found.append((func, ast.unparse(child.func)))
+            elif isinstance(child, ast.ImportFrom) and child.module in ("os", "os.path", "pathlib"):
+                found.extend(("import", f"{child.module}.{a.name}") for a in child.names if a.name in PATH_READS)
+            visit(child, inner)
+
+    visit(ast.parse(source), "<module>")
+    return found
+
+
+def test_the_views_read_the_job_dir_through_its_store():
+    sources = module_sources()
+    found = {
+        (module, func, call)
+        for module in STORE_READERS
+        for func, call in path_reads(sources[module][0].read_text(encoding="utf-8"))
+    }
+    assert sorted(found - PATH_READS_ALLOWED.keys()) == []
+    assert sorted(PATH_READS_ALLOWED.keys() - found) == []  # an entry no longer needed goes
+
+
+def test_the_path_read_check_sees_each_form():
+    """The test above could pass on a reader that missed calls: the forms the views used before step 5."""
+    source = """
+import os
+from os import listdir
+from data_juicer_elastic.storage.files import read_record
+def a(job):
+    return os.lstat(job.claims_dir / "x"), os.path.exists(p), listdir(job.done_dir)
+def b(job):
+    with os.scandir(job.claims_dir) as it:
+        return read_record(job.merge_record_path), job.manifest_path.exists(), job.store.head("x")
+"""
+    assert path_reads(source) == [
+        ("import", "os.listdir"),
+        ("a", "os.lstat"),
+        ("a", "os.path.exists"),
+        ("a", "listdir"),
+        ("b", "os.scandir"),
+        ("b", "read_record"),
+        ("b", "job.manifest_path.exists"),
+    ]

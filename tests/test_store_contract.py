@@ -225,6 +225,33 @@ def test_list_returns_exactly_the_keys_under_a_prefix(store: Store):
     assert [e.key for e in store.list("")] == sorted([*inside, "L.json", "Lx/e", "M/f"])
 
 
+def test_names_are_one_level_of_a_folder(store: Store):
+    for key in ["N/a", "N/b/c", "N/b/d", "N/.tmp-x", "N/.probe/y", "Nx/e", "N.json"]:
+        assert store.create(key, key.encode()) is not None
+    store.now()  # the clock key is internal
+    assert sorted(store.names("N")) == ["a", "b"]  # keys and sub-folders, once each; internal names left out
+    assert sorted(store.names("./N/b/")) == ["c", "d"]
+    assert sorted(store.names("")) == ["N", "N.json", "Nx"]
+    assert store.names("nothing") == [] and store.names("N/a") == []  # a missing folder; a key is no folder
+    with pytest.raises(ValueError, match=r"absolute|'\.\.'"):
+        store.names("../N")
+
+
+def test_posix_names_stat_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Names only: a listing of leases costs one ``listdir``, never a stat per name (``list`` stats each)."""
+    store = PosixStore(tmp_path)
+    for key in ("claims/s@0001", "claims/s@0002"):
+        assert store.create(key, b"{}") is not None
+    os.symlink("elsewhere", tmp_path / "claims" / "t@0001")  # a planted link is a name like any other
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("names must not stat")
+
+    for call in ("stat", "lstat", "scandir"):
+        monkeypatch.setattr(os, call, refuse)
+    assert sorted(store.names("claims")) == ["s@0001", "s@0002", "t@0001"]
+
+
 def test_delete(store: Store):
     v1 = made(store, "retry/part-00003.json", b"one\n")
     assert v1 is not None

@@ -1,9 +1,10 @@
 """What the report shows, read from a job dir that may be finished, running, failed or half-written.
 
 Records are read through their ``job.records`` readers (a missing or
-corrupt one reads as absent) and ``ops.json`` through :func:`read_record`,
-with every value type-checked here, so rendering never meets a surprise;
-whatever was skipped is listed in ``notes``. Nothing is written.
+corrupt one reads as absent) and ``ops.json`` and ``merge.json`` through
+:func:`load_record`, on the job's store as its folders' names and its leases'
+stamps are, with every value type-checked here, so rendering never meets a
+surprise; whatever was skipped is listed in ``notes``. Nothing is written.
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ from pathlib import Path
 
 from data_juicer_elastic.errors import ElasticError
 from data_juicer_elastic.job.attempt_files import AttemptDir
-from data_juicer_elastic.job.claims import RELEASED_MTIME, lease_name, parse_lease_name
+from data_juicer_elastic.job.claims import lease_key, parse_lease_name
 from data_juicer_elastic.job.layout import JobDir, attempt_name
 from data_juicer_elastic.job.manifest import Manifest
+from data_juicer_elastic.job.records._read import load_record
 from data_juicer_elastic.job.records.attempt import load_attempt
 from data_juicer_elastic.job.records.done import DoneRecord, load_done_many
 from data_juicer_elastic.status import first_line
-from data_juicer_elastic.storage.files import read_record
 
 OUTCOMES = ("done", "failed", "lost", "lost-race", "superseded", "running", "stopped")
 # attempt.json outcome -> what the report calls it
@@ -119,21 +120,21 @@ def collect(job_dir: str | os.PathLike, now: float | None = None) -> JobReport:
     now = time.time() if now is None else now
     notes: list[str] = []
     manifest = load_manifest(job, notes)
-    shard_ids = manifest.shards.ids() if manifest else _listdir(job.attempts_dir)
+    shard_ids = manifest.shards.ids() if manifest else _names(job, job.attempts_dir)
     rows = manifest.shards.rows if manifest else None
     shards = [{"id": s, "rows": rows[i]} if rows else {"id": s} for i, s in enumerate(shard_ids)]
     done = _done_records(job, shard_ids, notes)
     latest = _latest_attempts(job) if manifest else {}
     attempts: list[Attempt] = []
-    folders = (f"{job.attempts_dir}{os.sep}", f"{job.relative(job.attempts_dir)}/")  # built once: paths cost
+    folder = f"{job.key(job.attempts_dir)}/"  # built once: paths cost
     for sid in shard_ids:
         rec = done.get(sid)
         if rec is not None and rec.attempt == 1 == latest.get(sid) and rec.started_at and rec.finished_at:
-            attempts.append(_from_done(rec, *folders))
+            attempts.append(_from_done(job, rec, folder))
         else:
             attempts.extend(shard_attempts(job, sid, now, notes, rec))
     mark_queued(attempts)
-    failed = _record_ids(job.failed_dir)
+    failed = _record_ids(job, job.failed_dir)
     finished = {a.shard for a in attempts if a.outcome == "done"}
     state = (
         "failed"
@@ -144,7 +145,7 @@ def collect(job_dir: str | os.PathLike, now: float | None = None) -> JobReport:
         if manifest
         else "not prepared"
     )
-    merge = read_record(job.merge_record_path)
+    merge = load_record(job.store, job.key(job.merge_record_path))
     return JobReport(str(job.root), now, shards, attempts, state, notes, merge)
 
 
@@ -164,26 +165,23 @@ def _done_records(job: JobDir, shard_ids: list[str], notes: list[str]) -> dict[s
 
 
 def _latest_attempts(job: JobDir) -> dict[str, int]:
-    try:
-        names = os.listdir(job.claims_dir)
-    except OSError:
-        return {}
     latest: dict[str, int] = {}
-    for name in names:
+    for name in _names(job, job.claims_dir):
         parsed = parse_lease_name(name)
         if parsed and parsed[1] > latest.get(parsed[0], 0):
             latest[parsed[0]] = parsed[1]
     return latest
 
 
-def _record_ids(folder: Path) -> set[str]:
-    return {n[:-5] for n in _listdir(folder) if n.endswith(".json")}
+def _record_ids(job: JobDir, folder: Path) -> set[str]:
+    return {n[:-5] for n in _names(job, folder) if n.endswith(".json")}
 
 
-def _from_done(rec: DoneRecord, attempts_dir: str, relative: str) -> Attempt:
-    """A shard's one attempt, from its done record (the same host, pid and times as its attempt.json)."""
+def _from_done(job: JobDir, rec: DoneRecord, folder: str) -> Attempt:
+    """A shard's one attempt, from its done record (the same host, pid and times as its attempt.json);
+    ``folder``: the attempts folder's key, '/'-terminated (the log is named relative to the job dir: the key)."""
     name = attempt_name(rec.attempt)
-    ops = read_record(f"{attempts_dir}{rec.shard}{os.sep}{name}{os.sep}{AttemptDir.OPS}")
+    ops = load_record(job.store, f"{folder}{rec.shard}/{name}/{AttemptDir.OPS}")
     return Attempt(
         shard=rec.shard,
         attempt=rec.attempt,
@@ -195,7 +193,7 @@ def _from_done(rec: DoneRecord, attempts_dir: str, relative: str) -> Attempt:
         rows_in=_int(ops.get("rows_in")),
         rows_out=rec.rows,
         error_rows=_int(ops.get("error_rows")) or 0,
-        log=f"{relative}{rec.shard}/{name}/{AttemptDir.LOG}",
+        log=f"{folder}{rec.shard}/{name}/{AttemptDir.LOG}",
         ops=_ops_of(ops),
     )
 
@@ -226,9 +224,10 @@ def mark_queued(attempts: list[Attempt]) -> None:
             busy_until = max(busy_until, a.end)
 
 
-def _listdir(path: Path) -> list[str]:
+def _names(job: JobDir, folder: Path) -> list[str]:
+    """The names in a folder of the job dir, sorted (hidden ones left out; none when it cannot be listed)."""
     try:
-        return sorted(n for n in os.listdir(path) if not n.startswith("."))
+        return sorted(job.store.names(job.key(folder)))
     except OSError:
         return []
 
@@ -236,7 +235,7 @@ def _listdir(path: Path) -> list[str]:
 def shard_attempts(job: JobDir, sid: str, now: float, notes: list[str], done: DoneRecord | None) -> list[Attempt]:
     """The shard's attempts in order, each with its outcome as the report names it."""
     folder = job.attempts_dir / sid
-    numbers = sorted(int(n) for n in _listdir(folder) if n.isdigit())
+    numbers = sorted(int(n) for n in _names(job, folder) if n.isdigit())
     found: list[Attempt] = []
     for n in numbers:
         a = read_attempt(job, sid, n, now, notes)
@@ -274,7 +273,6 @@ def _lost_if_ended(a: Attempt, later: list[Attempt], done: DoneRecord | None) ->
 
 
 def read_attempt(job: JobDir, sid: str, n: int, now: float, notes: list[str]) -> Attempt | None:
-    adir = job.attempt_dir(sid, n)
     info = load_attempt(job, sid, n)
     if info is None or not info.started_at:
         notes.append(f"attempts/{sid}/{attempt_name(n)}/attempt.json missing or unreadable: attempt not shown")
@@ -288,7 +286,7 @@ def read_attempt(job: JobDir, sid: str, n: int, now: float, notes: list[str]) ->
         end = now if live else max(beat or start, start)
     else:
         beat = None
-    ops = read_record(adir / AttemptDir.OPS)
+    ops = load_record(job.store, job.key(job.attempt_dir(sid, n) / AttemptDir.OPS))
     a = Attempt(
         shard=sid,
         attempt=n,
@@ -312,11 +310,12 @@ def read_attempt(job: JobDir, sid: str, n: int, now: float, notes: list[str]) ->
 
 
 def _lease_mtime(job: JobDir, sid: str, n: int) -> float | None:
+    """The lease's last renewal (one head, no age asked: no clock read); None when gone or released."""
     try:
-        mtime = os.lstat(job.claims_dir / lease_name(sid, n)).st_mtime
+        meta = job.store.head(lease_key(job, sid, n))
     except OSError:
         return None
-    return None if mtime <= RELEASED_MTIME else mtime
+    return None if meta is None or meta.released else meta.modified
 
 
 def _lock_timeout(job: JobDir) -> float:

@@ -148,15 +148,22 @@ class S3Store:
         return True
 
     def list(self, prefix: str) -> Iterator[Entry]:
-        folder = normalise_prefix(prefix)
-        start = self._full(folder) + "/" if folder else (f"{self.prefix}/" if self.prefix else "")
-        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=start)
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self._folder(prefix))
         cut = len(self.prefix) + 1 if self.prefix else 0
         for page in pages:
             for obj in page.get("Contents", ()):
                 key = obj["Key"][cut:]
                 if not is_internal(key):
                     yield Entry(key, obj["Size"], obj["ETag"], obj["LastModified"].timestamp())
+
+    def names(self, prefix: str) -> list[str]:
+        start = self._folder(prefix)
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=start, Delimiter="/")
+        found: set[str] = set()  # a key and a folder may share a name on S3, never on POSIX
+        for page in pages:
+            found.update(obj["Key"][len(start) :] for obj in page.get("Contents", ()))
+            found.update(sub["Prefix"][len(start) : -1] for sub in page.get("CommonPrefixes", ()))
+        return [n for n in found if n and not is_internal(n)]  # "": a folder marker (``prefix/``) itself
 
     def now(self) -> float:
         try:
@@ -169,6 +176,11 @@ class S3Store:
 
     def _full(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _folder(self, prefix: str) -> str:
+        """The full key prefix of the folder ``prefix`` (normalised and confined), '/'-terminated unless the root."""
+        folder = normalise_prefix(prefix)
+        return self._full(folder) + "/" if folder else (f"{self.prefix}/" if self.prefix else "")
 
     def _put(self, full: str, data: bytes, condition: dict[str, str]) -> Ver | None:
         resp = self._put_resp(full, data, condition)

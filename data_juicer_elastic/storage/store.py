@@ -100,6 +100,16 @@ class Store(Protocol):
         """
         ...
 
+    def names(self, prefix: str) -> list[str]:
+        """The names directly under the folder ``prefix``, keys and sub-folders alike, in no set order.
+
+        One listing with nothing else read: no size, version or age, so POSIX stats nothing (``listdir``)
+        and S3 sends ListObjectsV2 with ``Delimiter='/'`` (one request per 1,000 names). Internal names are
+        left out; a missing folder has none. For readers that need names only (the leases, the shards'
+        attempt folders); ``list`` for keys with their versions.
+        """
+        ...
+
     def now(self) -> float:
         """The store's clock (epoch seconds): the one clock every node reads alike."""
         ...

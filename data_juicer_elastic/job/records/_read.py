@@ -40,6 +40,16 @@ def load_key(store: PosixStore, key: str) -> Any:
     return MISSING if got is None else orjson.loads(got[0])
 
 
+def load_record(store: PosixStore, key: str) -> dict:
+    """A JSON object record at ``key``; {} when it is missing (a link is), unreadable or not an object: the
+    rule of ``files.read_record``, on the store (one open, fstat, read, read, close; nine calls by path)."""
+    try:
+        data = load_key(store, key)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def number_or_none(value: Any) -> float | None:
     """A JSON number as float (not a bool); None for anything else."""
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
