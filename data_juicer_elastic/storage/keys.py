@@ -6,7 +6,6 @@ Kept apart from ``store.py`` so the backends can import them while
 
 from __future__ import annotations
 
-import posixpath
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -78,7 +77,7 @@ def _normalise(key: str, what: str) -> str:
     parts = [p for p in key.split("/") if p not in ("", ".")]
     if ".." in parts:
         raise ValueError(f"store {what} {key!r} has a '..' part; it would leave the store's root")
-    return posixpath.join(*parts) if parts else ""
+    return "/".join(parts)  # no part is empty or absolute: what posixpath.join would give, at 1/3 the cost
 
 
 def is_internal(key: str) -> bool:

@@ -134,9 +134,10 @@ class PosixStore:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 return None
-            chunks = []
-            while chunk := os.read(fd, max(st.st_size, 1 << 16)):
-                chunks.append(chunk)
+            chunks = [os.read(fd, st.st_size + 1)]  # one read when the file is what fstat said (a record is)
+            if len(chunks[0]) != st.st_size:  # it changed meanwhile, or a short read: read on to its end
+                while chunk := os.read(fd, 1 << 16):
+                    chunks.append(chunk)
         finally:
             os.close(fd)
         return b"".join(chunks), self._meta(st, now)
