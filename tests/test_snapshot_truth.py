@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from data_juicer_elastic.job.claims import claim_store
 from data_juicer_elastic.job.records.retry import requeue
+from data_juicer_elastic.job.records.workers import read_workers
+from data_juicer_elastic.worker import sweep
 from data_juicer_elastic.worker.loop import Worker, run_worker
 from data_juicer_elastic.worker.scan import refresh_interval
 from data_juicer_elastic.worker.sweep import SnapshotCache, build
@@ -127,3 +129,24 @@ def test_status_does_not_count_a_lease_given_back_on_purpose_as_lost(tmp_path):
     assert run_worker(job.root, copy, log=_quiet).exit_code == 0
     shard = next(s for s in job_status(job, details=True).shards if s.id == sid)
     assert shard.attempts == 2 and shard.lost == 0
+
+
+def test_a_record_read_just_before_its_last_claim_is_read_again_before_anything_is_listed(tmp_path, monkeypatch):
+    """The sweep read a worker's record, then that worker claimed and published the last shard before the
+    probes: the job looked unfinished and quiet, and a clean job listed ``state/done`` and ``state/claims``.
+    It reads the records once more first; the listing stays for what they cannot account for."""
+    job = make_job(tmp_path, rows=20, shards=2)
+    assert run_worker(job.root, copy, host="a", log=_quiet).exit_code == 0
+    reads: list[int] = []
+
+    def stale_first(folder):
+        records, unreadable = read_workers(folder)
+        reads.append(len(records))
+        if len(reads) == 1:  # as read before the worker claimed its last shard
+            records[0].published -= 1
+        return records, unreadable
+
+    monkeypatch.setattr(sweep, "read_workers", stale_first)
+    snap = _sweep(job)
+    assert (snap.done, snap.complete, snap.exact) == (2, True, False)
+    assert reads == [1, 1]

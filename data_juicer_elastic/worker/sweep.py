@@ -20,8 +20,9 @@ record (an ESTALE, a cut read: it adds nothing) can only lower the count.
 
 Only when that count says the job is unfinished while nothing is live,
 claimable or fresh (a job dir written before worker records, or records
-lost) does the sweep fall back to listing ``state/done`` and ``state/claims``
-once (only on a sweep that read every listed record); what the records do
+lost), and still so when it reads the records once more, does the sweep fall
+back to listing ``state/done`` and ``state/claims`` once (only on a sweep that
+read every listed record); what the records do
 not account for is kept as ``legacy_done``, recomputed (never accumulated)
 at each fallback, and it repeats at most once per lock timeout. The
 snapshot is a cache, never an authority: one that says complete is
@@ -117,11 +118,16 @@ class Snapshot:
 _FIELDS = frozenset(Snapshot.__dataclass_fields__)
 
 
-def build(job: JobDir, store: ClaimStore, previous: Snapshot | None = None, lean: bool = False) -> Snapshot:
+def build(
+    job: JobDir, store: ClaimStore, previous: Snapshot | None = None, lean: bool = False, again: bool = True
+) -> Snapshot:
     """Sum the worker records and probe what they name (see the module docstring).
 
     ``lean`` (a tail pacing decision, which needs the busy workers now) keeps the previous count of
-    fresh shards instead of reading every lane's hint.
+    fresh shards instead of reading every lane's hint. A sweep that finds the job unfinished and quiet
+    sweeps ``again`` before it lists: a worker can claim and publish between the read of its record and
+    the probes, so the last shards of a clean job looked unaccounted for (a listing of ``state/done``
+    and ``state/claims`` in a job that needed none).
     """
     manifest = job.manifest()
     rows = manifest.shards.rows_by_id()
@@ -172,6 +178,8 @@ def build(job: JobDir, store: ClaimStore, previous: Snapshot | None = None, lean
     snap.failed = sorted(job.failed_ids()) if job.failed_dir.exists() else []
     snap.fallback_at = previous.fallback_at if previous else 0.0
     if _needs_fallback(snap, job, store, now):
+        if again:  # the records read may predate the job's last claims: read them once more first
+            return build(job, store, previous, lean, again=False)
         _fallback(job, store, snap, now)
     snap.done = min(max(snap.done, 0), total)
     return snap
