@@ -32,16 +32,16 @@ from __future__ import annotations
 import errno
 import os
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
 from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.job.records.done import DoneRecord
-from data_juicer_elastic.storage.blocks import BLOCK, Digester, blocks, digest_file
+from data_juicer_elastic.storage.blocks import BLOCK, Digester, FileDigest, blocks, digest_file
 from data_juicer_elastic.storage.files import (
     atomic_write,
     dumps_json,
@@ -221,46 +221,99 @@ def _copy_checked(record: DoneRecord, path: Path, tmp: Path) -> None:
         raise IntegrityError(problem)
 
 
-def verify_folder(folder: str | os.PathLike) -> list[str]:
-    """Re-read every part of an exported folder against ``_SUCCESS``; the problems found (none: complete and intact)."""
-    folder = Path(folder)
-    success = folder / SUCCESS
+class PartSource(Protocol):
+    """Where ``check_export`` reads an export: a local folder (``verify_folder``) or an s3:// prefix
+    (``s3_export.verify_export``)."""
+
+    where: str  # the folder or the URL, as the problems name it
+
+    def success(self) -> bytes | None:
+        """``_SUCCESS``'s bytes; None when there is none (OSError or UserError when it cannot be read)."""
+        ...
+
+    def names(self) -> Iterable[str]:
+        """Every name in the folder (``check_export`` picks the part files)."""
+        ...
+
+    def digest(self, name: str) -> FileDigest | str:
+        """The part's rows, bytes and sha256 read whole, or a problem line saying why it cannot be read."""
+        ...
+
+
+def check_export(source: PartSource) -> list[str]:
+    """Re-read every part of an export against its ``_SUCCESS``; the problems found (none: complete and intact)."""
+    where = source.where
     try:
-        manifest = orjson.loads(success.read_bytes())
+        data = source.success()
+        if data is None:
+            return [f"{where}: no {SUCCESS}: the export is not complete; run the job (or `dj-elastic merge`) again"]
+        manifest = orjson.loads(data)
         parts = manifest["parts"]
         if manifest.get("format") != FORMAT or not isinstance(parts, list):
             raise ValueError("not a folder export manifest")
-    except FileNotFoundError:
-        return [f"{folder}: no {SUCCESS}: the export is not complete; run the job (or `dj-elastic merge`) again"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        return [f"{success}: unreadable ({exc}); export the job again (`dj-elastic merge --output {folder}/`)"]
+    except (OSError, UserError, ValueError, KeyError, TypeError) as exc:
+        return [f"{where}/{SUCCESS}: unreadable ({exc}); export the job again (`dj-elastic merge --output {where}/`)"]
     problems = []
-    buf = bytearray(BLOCK)
     for part in parts:
-        problems += _check_part(folder, part, buf)
+        problems += _check_part(source, part)
     listed = {p.get("file") for p in parts if isinstance(p, dict)}
-    extra = sorted(n for n in os.listdir(folder) if PART_RE.match(n) and n not in listed)
+    extra = sorted(n for n in source.names() if PART_RE.match(n) and n not in listed)
     if extra:
-        problems.append(f"{folder}: part files not in {SUCCESS}: {', '.join(extra[:5])}; remove them or export again")
+        problems.append(f"{where}: part files not in {SUCCESS}: {', '.join(extra[:5])}; remove them or export again")
     return problems
 
 
-def _check_part(folder: Path, part: Any, buf: bytearray) -> list[str]:
+def mismatches(got: dict[str, Any], want: dict[str, Any], says: str) -> list[str]:
+    """``key <got>, <says> says <want>`` for each key of ``got`` whose value ``want`` does not hold."""
+    return [f"{k} {got[k]}, {says} says {want.get(k)}" for k in got if got[k] != want.get(k)]
+
+
+def _check_part(source: PartSource, part: Any) -> list[str]:
     if not isinstance(part, dict) or not PART_RE.match(str(part.get("file", ""))):
-        return [f"{folder / SUCCESS}: a part entry is malformed ({part!r}); export the job again"]
-    path = folder / part["file"]
-    try:
-        d = digest_file(path, buf)
-    except OSError as exc:
-        return [f"{path}: cannot be read ({exc.strerror}); export the job again"]
+        return [f"{source.where}/{SUCCESS}: a part entry is malformed ({part!r}); export the job again"]
+    d = source.digest(part["file"])
+    if isinstance(d, str):
+        return [d]
     parquet = part["file"].endswith(".parquet")
     got = {"bytes": d.bytes, "sha256": d.sha256} if parquet else {"rows": d.rows, "bytes": d.bytes, "sha256": d.sha256}
-    diffs = [f"{k} {got[k]}, {SUCCESS} says {part.get(k)}" for k in got if got[k] != part.get(k)]
+    diffs = mismatches(got, part, SUCCESS)
     if d.bytes and not d.ends_with_newline and not parquet:
         diffs.append("does not end with a newline")
     if not diffs:
         return []
-    return [f"{path}: does not match {SUCCESS} ({'; '.join(diffs)}); it changed after the export: export the job again"]
+    return [
+        f"{source.where}/{part['file']}: does not match {SUCCESS} ({'; '.join(diffs)}); it changed after the "
+        "export: export the job again"
+    ]
+
+
+@dataclass
+class _Folder:
+    """A local folder export as ``check_export`` reads it."""
+
+    where: str
+    buf: bytearray = field(default_factory=lambda: bytearray(BLOCK))
+
+    def success(self) -> bytes | None:
+        try:
+            return (Path(self.where) / SUCCESS).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def names(self) -> list[str]:
+        return os.listdir(self.where)
+
+    def digest(self, name: str) -> FileDigest | str:
+        path = Path(self.where) / name
+        try:
+            return digest_file(path, self.buf)
+        except OSError as exc:
+            return f"{path}: cannot be read ({exc.strerror}); export the job again"
+
+
+def verify_folder(folder: str | os.PathLike) -> list[str]:
+    """Re-read every part of an exported folder against ``_SUCCESS``; the problems found (none: complete and intact)."""
+    return check_export(_Folder(str(folder)))
 
 
 # --------------------------------------------------------------------------- Parquet parts

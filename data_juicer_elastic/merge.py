@@ -105,7 +105,9 @@ def verify(job: JobDir, *, expect_nodes: int | None = None, check_content: bool 
         problems.append(f"only {len(hosts)} host(s) completed shards, {expect_nodes} expected")
     exported = load_record(job.store, job.key(job.merge_record_path))
     folder = exported.get("kind") == "folder" and isinstance(exported.get("output"), str)
-    if check_content and folder and not s3_export.is_s3(exported["output"]):
+    if check_content and isinstance(exported.get("output"), str) and s3_export.is_s3(exported["output"]):
+        problems += s3_export.verify_export(exported)  # on S3: against its _SUCCESS, or one object's merge.json
+    elif check_content and folder:
         problems += verify_folder(exported["output"])  # the latest export, re-read against its _SUCCESS
     return VerifyReport(checks, hosts, complete, not problems, problems)
 

@@ -12,6 +12,8 @@ in the generation folder, then each part is put at ``<prefix>/<part>`` and
 whose size and sha256 metadata already match. The endpoint and credentials
 are boto3's own chain (``AWS_ENDPOINT_URL``, ``AWS_PROFILE``, roles);
 ``merge.json`` records the URL, size and ETag and nothing of them.
+``verify_export`` (``dj-elastic verify``) re-reads an export here as
+``verify_folder`` reads a local one, by streamed ranged GETs.
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ from typing import Any
 import orjson
 
 from data_juicer_elastic.errors import UserError
-from data_juicer_elastic.folder_export import PART_RE, SUCCESS
+from data_juicer_elastic.folder_export import PART_RE, SUCCESS, check_export, mismatches
+from data_juicer_elastic.storage.blocks import BLOCK, FileDigest, blocks, digest_blocks
 from data_juicer_elastic.storage.keys import normalise_prefix
 from data_juicer_elastic.storage.urls import SCHEME, is_s3, split_s3
 
+MERGE_JSON = "merge.json"  # what the one-object check names as its source
 STAGING = "s3-export"  # the local folder export staged in the generation folder (links), removed after upload
 
 
@@ -110,8 +114,6 @@ def complete(upload: Any, url: str) -> Stamp:
 
 def upload_local(path: Path, url: str, overwrite: bool, tick: Callable[[int], None] | None = None) -> Stamp:
     """A finished local file (the merged Parquet) uploaded whole to ``url``."""
-    from data_juicer_elastic.storage.blocks import BLOCK, blocks
-
     size = os.stat(path).st_size
     with open(path, "rb", buffering=0) as f, open_upload(url, overwrite, size) as up:
         for block in blocks(f, bytearray(BLOCK)):
@@ -196,3 +198,77 @@ def _folder_result(manifest: dict, uploaded: int, kept: int, stamp: Stamp) -> Fo
 
 def drop_staging(staged: Path) -> None:
     shutil.rmtree(staged, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- verify
+def verify_export(record: dict[str, Any]) -> list[str]:
+    """The export merge.json names re-read (``dj-elastic verify``), as a local one is: a folder's parts against
+    its ``_SUCCESS`` (``check_export``), each hashed by streamed ranged GETs; one object's size and ETag against
+    merge.json, its content re-hashed where merge.json holds its sha256 (JSONL; a Parquet file has none)."""
+    from data_juicer_elastic.storage.s3 import S3Objects
+
+    url = record["output"]
+    try:
+        bucket, key = _split(url)
+        objects = S3Objects()  # boto3's own chain, as the export used: AWS_ENDPOINT_URL, AWS_PROFILE, ...
+        if record.get("kind") == "folder":
+            return check_export(_Prefix(url, objects, bucket, key))
+        return _verify_object(url, objects, bucket, key, record)
+    except UserError as exc:  # names the URL and the endpoint, never a credential
+        return [str(exc)]
+
+
+def _verify_object(url: str, objects: Any, bucket: str, key: str, record: dict[str, Any]) -> list[str]:
+    info = objects.head(bucket, key)
+    if info is None:
+        return [f"{url}: is gone; merge the job again (`dj-elastic merge --output {url}`)"]
+    stat = record.get("output_stat")
+    stat = stat if isinstance(stat, dict) else {}
+    diffs = mismatches(
+        {"bytes": info.size, "ETag": info.etag}, {"bytes": stat.get("size"), "ETag": stat.get("etag")}, MERGE_JSON
+    )
+    if isinstance(record.get("sha256"), str):
+        d = digest_blocks(objects.blocks(bucket, key, 0, info.size, BLOCK))
+        diffs += mismatches({"rows": d.rows, "sha256": d.sha256}, record, MERGE_JSON)
+    if not diffs:
+        return []
+    return [
+        f"{url}: does not match {MERGE_JSON} ({'; '.join(diffs)}); it changed after the merge: merge the job "
+        f"again (`dj-elastic merge --output {url} --overwrite`)"
+    ]
+
+
+@dataclass
+class _Prefix:
+    """A folder export under an s3:// prefix as ``check_export`` reads it: one LIST, then ranged GETs."""
+
+    where: str
+    objects: Any  # storage.s3.S3Objects
+    bucket: str
+    prefix: str
+    listed: dict[str, int] | None = None  # name under the prefix -> size
+
+    def _listing(self) -> dict[str, int]:
+        if self.listed is None:
+            start = f"{self.prefix}/"
+            self.listed = {o.key[len(start) :]: o.size for o in self.objects.list(self.bucket, start)}
+        return self.listed
+
+    def success(self) -> bytes | None:
+        size = self._listing().get(SUCCESS)
+        return None if size is None else b"".join(self.objects.blocks(self.bucket, self._key(SUCCESS), 0, size, BLOCK))
+
+    def names(self) -> list[str]:
+        return list(self._listing())
+
+    def digest(self, name: str) -> FileDigest | str:
+        size = self._listing().get(name)
+        if size is None:
+            return f"{self.where}/{name}: is missing ({SUCCESS} lists it); export the job again"
+        try:
+            return digest_blocks(self.objects.blocks(self.bucket, self._key(name), 0, size, BLOCK))
+        except UserError as exc:
+            return str(exc)
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}/{name}"

@@ -15,7 +15,7 @@ import pytest
 from data_juicer_elastic.errors import UserError
 from data_juicer_elastic.folder_export import SUCCESS
 from data_juicer_elastic.job.layout import JobDir
-from data_juicer_elastic.merge import merge, merged_already
+from data_juicer_elastic.merge import merge, merged_already, verify
 from data_juicer_elastic.plugin.validation import _export_problems
 from data_juicer_elastic.storage import s3_upload
 from data_juicer_elastic.storage.files import read_json
@@ -144,7 +144,79 @@ def test_parquet_one_file_is_the_local_parquet_byte_for_byte(tmp_path: Path, cli
     merge(job, f"s3://{BUCKET}/pq/merged.parquet", log=_quiet)
     assert _get(client, "pq/merged.parquet") == local.read_bytes()
     assert read_json(job.merge_record_path)["format"] == "parquet"
+    assert verify(job).problems == []  # size and ETag match merge.json (a Parquet file has no sha256 there)
+    client.put_object(Bucket=BUCKET, Key="pq/merged.parquet", Body=local.read_bytes()[:-1] + b"x")
+    _problems(job, "pq/merged.parquet", "ETag")
     assert not [n for n in os.listdir(job.gen_dir) if "merged.parquet" in n]  # the local temp is gone
+
+
+def _verify_cli(job: JobDir, server: dict[str, str]) -> subprocess.CompletedProcess:
+    """``dj-elastic verify`` in its own process, the endpoint and credentials in its environment only."""
+    return subprocess.run(
+        [sys.executable, "-m", "data_juicer_elastic.cli", "verify", "--job-dir", str(job.root)],
+        cwd=REPO,
+        env=env_with(**server),
+        capture_output=True,
+        text=True,
+    )
+
+
+def _problems(job: JobDir, *says: str) -> list[str]:
+    """verify's problems, checked to be there, each naming every one of ``says``."""
+    report = verify(job)
+    assert not report.ok and report.complete and report.problems, report.problems
+    for problem in report.problems:
+        assert all(s in problem for s in says) and SECRET not in problem, (says, problem)
+    return report.problems
+
+
+def test_verify_re_reads_an_s3_folder_against_its_success(tmp_path: Path, client, server: dict[str, str]) -> None:
+    job = _job(tmp_path)
+    url = f"s3://{BUCKET}/verify/parts"
+    merge(job, f"{url}/", log=_quiet)
+    assert verify(job).problems == []
+    parts = sorted(o["Key"] for o in client.list_objects_v2(Bucket=BUCKET, Prefix="verify/parts/part-")["Contents"])
+    first, second = parts[0], parts[1]
+    name = first.rsplit("/", 1)[1]
+    data = _get(client, first)
+    client.put_object(Bucket=BUCKET, Key=first, Body=data.replace(b"row", b"ROW", 1))  # same size, other bytes
+    assert len(_get(client, first)) == len(data)
+    _problems(job, f"{url}/{name}", "sha256", SUCCESS)
+    cli = _verify_cli(job, server)
+    assert cli.returncode == 2 and f"{url}/{name}" in cli.stderr, cli.stdout + cli.stderr
+    assert SECRET not in cli.stdout + cli.stderr
+    client.put_object(Bucket=BUCKET, Key=first, Body=data)  # restored: clean again
+    assert verify(job).ok
+    kept = _get(client, second)
+    client.delete_object(Bucket=BUCKET, Key=second)
+    gone = f"{url}/{second.rsplit('/', 1)[1]}"
+    assert _problems(job, gone, "missing") == [f"{gone}: is missing ({SUCCESS} lists it); export the job again"]
+    client.put_object(Bucket=BUCKET, Key=second, Body=kept)
+    client.put_object(Bucket=BUCKET, Key="verify/parts/part-99999-of-99999.jsonl", Body=b"{}\n")
+    client.put_object(Bucket=BUCKET, Key="verify/parts/notes.txt", Body=b"not a part: not reported")
+    client.put_object(Bucket=BUCKET, Key="verify/parts-other/part-00000-of-00001.jsonl", Body=b"{}\n")
+    extra = f"{url}: part files not in {SUCCESS}: part-99999-of-99999.jsonl; remove them or export again"
+    assert _problems(job, url, "part-99999-of-99999.jsonl") == [extra]  # neither notes.txt nor parts-other/
+    client.delete_object(Bucket=BUCKET, Key=f"verify/parts/{SUCCESS}")
+    assert _problems(job, url, f"no {SUCCESS}: the export is not complete")
+    assert _verify_cli(job, server).returncode == 2
+
+
+def test_verify_checks_one_s3_object_against_merge_json(tmp_path: Path, client, server: dict[str, str]) -> None:
+    job = _job(tmp_path)
+    url = f"s3://{BUCKET}/verify/one.jsonl"
+    merge(job, url, log=_quiet)
+    assert verify(job).problems == []
+    data = _get(client, "verify/one.jsonl")
+    client.put_object(Bucket=BUCKET, Key="verify/one.jsonl", Body=data.replace(b"row", b"ROW", 1))  # same size
+    (problem,) = _problems(job, url, "merge.json", "ETag", "sha256")
+    assert "bytes" not in problem and "rows" not in problem, problem
+    cli = _verify_cli(job, server)
+    assert cli.returncode == 2 and url in cli.stderr and SECRET not in cli.stdout + cli.stderr, cli.stderr
+    client.put_object(Bucket=BUCKET, Key="verify/one.jsonl", Body=data + b"{}\n")  # longer, one row more
+    _problems(job, url, f"bytes {len(data) + 3}", "rows", "sha256")
+    client.delete_object(Bucket=BUCKET, Key="verify/one.jsonl")
+    assert _problems(job, url, "is gone")
 
 
 KILLED = """
@@ -187,6 +259,7 @@ def test_a_merge_killed_mid_upload_leaves_no_object_and_a_rerun_completes(
         assert _get(client, "big.jsonl") == local.read_bytes()
         assert not client.list_multipart_uploads(Bucket=BUCKET).get("Uploads")  # aborted, never completed
         assert len(stale) == 1 and read_json(job.merge_record_path)["output"] == url
+        assert verify(job).problems == []  # about 12 MB re-hashed by growing ranged GETs, against merge.json
 
 
 def test_export_path_may_be_s3_for_jsonl_parquet_and_folders_and_no_other_scheme() -> None:

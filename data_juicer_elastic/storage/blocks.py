@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -72,7 +72,12 @@ class Digester:
 
 def digest_file(source: str | os.PathLike | BinaryIO, buf: bytearray | None = None) -> FileDigest:
     """Rows, bytes, sha256 and last byte of a file, in one pass of large blocks."""
+    return digest_blocks(blocks(source, buf))
+
+
+def digest_blocks(source: Iterable[memoryview | bytes]) -> FileDigest:
+    """The same of a stream's blocks (``blocks``' views, or bytes as ranged GETs of an object return them)."""
     d = Digester()
-    for block in blocks(source, buf):
-        d.update(block)
+    for block in source:
+        d.update(block if isinstance(block, memoryview) else memoryview(block))
     return d.result()
