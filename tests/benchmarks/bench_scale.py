@@ -413,7 +413,7 @@ def bench_b12(
     return ok
 
 
-def bench_b12s(tmp: Path, shards: int, workers: int, timeout: float) -> bool | None:
+def bench_b12s(tmp: Path, shards: int, workers: int, timeout: float, kills: tuple[float, ...]) -> bool | None:
     from tests.chaos.sshfs import SshfsPair
 
     pair = SshfsPair(tmp / "sshfs")
@@ -423,7 +423,7 @@ def bench_b12s(tmp: Path, shards: int, workers: int, timeout: float) -> bool | N
         return None
     pair.start()
     try:
-        return bench_b12(tmp, shards, workers, timeout, "B12s", job_dir=pair.mounts[0])
+        return bench_b12(tmp, shards, workers, timeout, "B12s", job_dir=pair.mounts[0], kills=kills)
     finally:
         pair.stop()
 
@@ -462,7 +462,7 @@ def main() -> int:
         if "b12" not in skip:
             ok &= bench_b12(tmp, a.b12_shards, a.b12_workers, a.timeout, kills=a.b12_kills)
         if "b12s" not in skip:
-            ok &= bench_b12s(tmp, a.b12s_shards, a.b12s_workers, a.timeout) is not False
+            ok &= bench_b12s(tmp, a.b12s_shards, a.b12s_workers, a.timeout, a.b12_kills) is not False
     print("PASS" if ok else "MISS", flush=True)
     return 0 if ok else 1
 
