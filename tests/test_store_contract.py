@@ -9,7 +9,10 @@ a time-zone bug), far above any pause.
 
 from __future__ import annotations
 
+import errno
 import os
+import random
+import signal
 import stat
 import subprocess
 import sys
@@ -23,10 +26,11 @@ import orjson
 import pytest
 
 from data_juicer_elastic.errors import UserError
-from data_juicer_elastic.storage import probe
+from data_juicer_elastic.storage import probe, s3_upload
 from data_juicer_elastic.storage.posix import PosixStore
 from data_juicer_elastic.storage.probe import Capabilities, StoreRefused, check_create_once, probe_store
 from data_juicer_elastic.storage.store import Meta, Store, Ver, normalise_key, store_for
+from tests.jobs import REPO, env_with, wait_for
 from tests.s3server import s3_server, use_env
 
 pytest.importorskip("boto3")
@@ -544,6 +548,165 @@ def test_probe_refuses_a_store_that_ignores_if_none_match(
     assert list(store.client.list_objects_v2(Bucket=BUCKET, Prefix=store.prefix).get("Contents", [])) == []
 
 
+# --------------------------------------------------------------------------- bulk data: upload, download, open_range
+
+OUT = "attempts/part-00000/0001/output.jsonl"
+SIZES = {"empty": 0, "small": 1000, "multipart": s3_upload.MIN_PART + 1000}  # multipart: two parts on S3
+
+
+@pytest.fixture
+def small_parts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One PUT only up to S3's smallest part, so a multipart upload takes a file of a few MiB."""
+    monkeypatch.setattr(s3_upload, "PART_SIZE", s3_upload.MIN_PART)
+
+
+def local_file(path: Path, size: int, seed: int = 0) -> bytes:
+    data = random.Random(seed).randbytes(size)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return data
+
+
+def leftovers(store: Store, key: str) -> list[str]:
+    """What an upload left beside ``key`` that nobody may see: POSIX temp files, S3 incomplete uploads."""
+    if is_posix(store):
+        folder = store.path(key).parent  # type: ignore[attr-defined]
+        return sorted(n for n in os.listdir(folder) if n.startswith(".")) if folder.exists() else []
+    full = f"{store.prefix}/{normalise_key(key)}"  # type: ignore[attr-defined]
+    uploads = store.client.list_multipart_uploads(Bucket=BUCKET, Prefix=full).get("Uploads", [])  # type: ignore[attr-defined]
+    return [u["UploadId"] for u in uploads]
+
+
+@pytest.mark.parametrize("create_once", [True, False])
+@pytest.mark.parametrize("size", SIZES.values(), ids=SIZES.keys())
+def test_upload_then_download_is_byte_identical(
+    store: Store, tmp_path: Path, small_parts: None, size: int, create_once: bool
+):
+    data = local_file(tmp_path / "scratch" / "out.jsonl", size)
+    meta = store.upload(OUT, tmp_path / "scratch" / "out.jsonl", create_once=create_once)
+    head = store.head(OUT)
+    assert meta is not None and head is not None and (meta.size, meta.ver) == (head.size, head.ver) == (size, head.ver)
+    assert meta.modified <= store.now() < meta.modified + CLOCK_SANITY_SECS
+    if not is_posix(store):
+        assert meta.ver.endswith('-2"') == (size > s3_upload.MIN_PART)  # two parts: it went by multipart
+    dest = tmp_path / "next" / "shard.jsonl"  # its folder is made
+    got = store.download(OUT, dest)
+    assert got is not None and (got.size, got.ver) == (size, meta.ver)
+    assert dest.read_bytes() == data and os.listdir(dest.parent) == ["shard.jsonl"]  # no temp left
+    assert store.names("attempts/part-00000/0001") == ["output.jsonl"] and leftovers(store, OUT) == []
+
+
+@pytest.mark.parametrize("size", [SIZES["small"], SIZES["multipart"]], ids=["small", "multipart"])
+def test_upload_replaces_unless_create_once(store: Store, tmp_path: Path, small_parts: None, size: int):
+    """create_once onto an existing key: None, the bytes there kept, nothing left behind; else replaced."""
+    made(store, OUT, b"theirs\n")
+    data = local_file(tmp_path / "out.jsonl", size)
+    assert store.upload(OUT, tmp_path / "out.jsonl", create_once=True) is None
+    got = store.read(OUT)
+    assert got is not None and got[0] == b"theirs\n" and leftovers(store, OUT) == []
+    meta = store.upload(OUT, tmp_path / "out.jsonl", create_once=False)
+    head = store.head(OUT)
+    assert meta is not None and head is not None and meta.ver == head.ver != got[1].ver
+    assert store.download(OUT, tmp_path / "back") is not None and (tmp_path / "back").read_bytes() == data
+    assert store.names("attempts/part-00000/0001") == ["output.jsonl"] and leftovers(store, OUT) == []
+
+
+def test_download_of_a_missing_key_makes_no_local_file(store: Store, tmp_path: Path):
+    assert store.download(OUT, tmp_path / "scratch" / "shard.jsonl") is None
+    assert not (tmp_path / "scratch").exists()
+    (tmp_path / "old").write_bytes(b"old\n")
+    assert store.download(OUT, tmp_path / "old") is None and (tmp_path / "old").read_bytes() == b"old\n"
+
+
+def test_download_replaces_a_local_file(store: Store, tmp_path: Path):
+    made(store, OUT, b"new bytes\n")
+    local = local_file(tmp_path / "scratch" / "shard.jsonl", 5000) and tmp_path / "scratch" / "shard.jsonl"
+    assert store.download(OUT, local) is not None
+    assert local.read_bytes() == b"new bytes\n" and os.listdir(local.parent) == ["shard.jsonl"]
+
+
+def test_open_range(store: Store):
+    made(store, "shards/part-00000.jsonl", b"0123456789")
+    ranges = [(0, 4), (3, 10), (8, 20), (10, 12), (12, 20), (5, 5)]
+    got = [store.open_range("shards/part-00000.jsonl", a, b) for a, b in ranges]
+    assert got == [b"0123", b"3456789", b"89", b"", b"", b""]
+    assert store.open_range("shards/part-00001.jsonl", 0, 4) is None
+
+
+def test_posix_upload_onto_its_own_bytes_is_ours(tmp_path: Path):
+    """An NFS LINK retransmitted after the server made it answers EEXIST: the bytes there are this upload's
+    (another inode here, as a resent link may show), so it is ours, as ``publish_once`` decides."""
+    store = PosixStore(tmp_path / "job")
+    data = local_file(tmp_path / "out.jsonl", 100_000)
+    local_file(store.path(OUT), 100_000)  # the same bytes, another inode
+    meta = store.upload(OUT, tmp_path / "out.jsonl", create_once=True)
+    assert meta is not None and meta.ver == store.head(OUT).ver  # type: ignore[union-attr]
+    local_file(tmp_path / "other.jsonl", 100_000, seed=1)
+    assert store.upload(OUT, tmp_path / "other.jsonl", create_once=True) is None
+    assert store.path(OUT).read_bytes() == data and leftovers(store, OUT) == []
+
+
+KILLED_UPLOAD = """
+import sys, time
+from data_juicer_elastic.storage import s3_upload
+from data_juicer_elastic.storage.store import store_for
+store = store_for(sys.argv[1])
+s3_upload.PART_SIZE = s3_upload.MIN_PART
+if hasattr(store, "client"):
+    def pause(params, **kwargs):
+        if params["PartNumber"] == 2:  # the first part sent: say so, then wait for the kill
+            print("paused", flush=True)
+            time.sleep(3600)
+    store.client.meta.events.register("before-parameter-build.s3.UploadPart", pause)
+store.upload(sys.argv[2], sys.argv[3], create_once=True)
+"""
+
+
+def test_a_killed_upload_leaves_no_key(store: Store, tmp_path: Path):
+    """kill -9 mid-upload: no key, nothing listed; what it left (a POSIX temp, an S3 incomplete upload) is
+    there but hidden. POSIX reads a FIFO, so the copy is under way once 1 MiB went in; S3 pauses in part 2."""
+    local = tmp_path / "out.jsonl"
+    if is_posix(store):
+        os.mkfifo(local)
+    else:
+        local_file(local, 2 * s3_upload.MIN_PART + 1000)
+    where = str(store.root) if is_posix(store) else store.url  # type: ignore[attr-defined]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_UPLOAD, where, OUT, str(local)],
+        cwd=REPO,
+        env=env_with(),  # the moto server's AWS_* from use_env
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        if is_posix(store):
+            fd = wait_for(lambda: fifo_writer(local), "the upload to open its source", proc=proc)
+            os.set_blocking(fd, True)
+            with open(fd, "wb") as fifo:  # each write returns once the child read it: the copy is under way
+                fifo.write(random.Random(0).randbytes(1 << 20))
+                os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            assert proc.stdout is not None and proc.stdout.readline() == "paused\n"
+            os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert store.head(OUT) is None and store.names("attempts/part-00000/0001") == [] and list(store.list("")) == []
+    assert len(leftovers(store, OUT)) == 1  # killed mid-copy: what it left is there, unseen
+
+
+def fifo_writer(path: Path) -> int | None:
+    """A descriptor writing to the FIFO ``path`` once a reader has it open; None before (ENXIO)."""
+    try:
+        return os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            return None
+        raise
+
+
 # --------------------------------------------------------------------------- S3 only: a reply lost, then a resend
 
 
@@ -588,6 +751,38 @@ def test_s3_create_resent_onto_a_foreign_key_loses(moto_env: dict[str, str], mon
     assert sends[:2] == [1, 2]
     got = store.read("done/x.json")
     assert got is not None and got[0] == b"theirs\n"
+
+
+@pytest.mark.parametrize(
+    ("operation", "size"), [("PutObject", SIZES["small"]), ("CompleteMultipartUpload", SIZES["multipart"])]
+)
+def test_s3_upload_resent_after_its_own_success_is_ours(
+    moto_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, small_parts: None, operation, size
+):
+    """The create-once PUT or Complete landed, its reply was lost and it was sent again: ours. The resent PUT
+    gets 412 and the stored bytes decide; moto answers a resent Complete of the same upload 200 (idempotent,
+    as AWS is), so ``MultipartWrite._ours_after_resend`` (412 or NoSuchUpload) is not reached here."""
+    store = s3_store(monkeypatch, moto_env)
+    data = local_file(tmp_path / "out.jsonl", size)
+    sends = force_one_resend(store, operation)
+    meta = store.upload(OUT, tmp_path / "out.jsonl", create_once=True)
+    assert sends[:2] == [1, 2]
+    head = store.head(OUT)
+    assert meta is not None and head is not None and meta.ver == head.ver
+    assert store.download(OUT, tmp_path / "back") is not None and (tmp_path / "back").read_bytes() == data
+    assert leftovers(store, OUT) == []
+
+
+def test_s3_upload_resent_onto_a_foreign_key_loses(
+    moto_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
+    store = s3_store(monkeypatch, moto_env)
+    made(store, OUT, b"theirs\n")
+    local_file(tmp_path / "out.jsonl", SIZES["small"])
+    sends = force_one_resend(store)
+    assert store.upload(OUT, tmp_path / "out.jsonl", create_once=True) is None
+    got = store.read(OUT)
+    assert sends[:2] == [1, 2] and got is not None and got[0] == b"theirs\n"
 
 
 def test_s3_renew_counts_beats_and_release_marks_the_metadata(

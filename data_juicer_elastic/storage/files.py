@@ -14,13 +14,17 @@ import os
 import re
 import time
 import uuid
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
 from data_juicer_elastic.errors import UserError
+from data_juicer_elastic.storage.bulk_write import BulkWriter
 from data_juicer_elastic.storage.host import hostname
+
+T = TypeVar("T")
 
 _JSON_OPTS = orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE
 
@@ -98,6 +102,13 @@ def atomic_write(path: str | os.PathLike, data: bytes, *, durable: bool = True) 
     so a crash of the machine holding the folder may roll ``path`` back to its old bytes (never a cut file).
     """
     tmp, st = _write_temp(path, data)
+    rename_staged(tmp, path, durable=durable)
+    return st
+
+
+def rename_staged(tmp: str | os.PathLike, path: str | os.PathLike, *, durable: bool = True) -> None:
+    """Rename the fsynced temp file ``tmp`` over ``path`` (removed again if that fails); ``durable`` as for
+    ``atomic_write``."""
     try:
         os.replace(tmp, path)
     except BaseException:
@@ -105,7 +116,6 @@ def atomic_write(path: str | os.PathLike, data: bytes, *, durable: bool = True) 
         raise
     if durable:
         fsync_dir(Path(path).parent)
-    return st
 
 
 def publish_once(path: str | os.PathLike, data: bytes, *, durable: bool = True) -> os.stat_result | None:
@@ -118,12 +128,25 @@ def publish_once(path: str | os.PathLike, data: bytes, *, durable: bool = True) 
     crash may then undo the link: ``path`` missing again).
     """
     tmp, st = _write_temp(path, data)
+    return link_staged(tmp, path, st, lambda: _holds_bytes(path, data), durable=durable)
+
+
+def link_staged(
+    tmp: str | os.PathLike, path: str | os.PathLike, st: os.stat_result, same: Callable[[], bool], *, durable: bool
+) -> os.stat_result | None:
+    """Link the fsynced temp file ``tmp`` (whose stat is ``st``) at ``path`` unless something is there; ``tmp``
+    is removed either way. The published file's stat, or None when somebody else's file is there.
+
+    ``same()``: does what stands at ``path`` hold this call's bytes? Asked only after EEXIST on another
+    inode: an NFSv3 LINK retransmitted after the server did it answers EEXIST for the link the first
+    transmission made, and the winner must not take it for a lost race. ``durable`` as for ``atomic_write``.
+    """
     try:
         os.link(tmp, path)
     except OSError as exc:
         if not lost_race(exc, path):
             raise
-        if not _ours(tmp, path, data):
+        if not _ours(tmp, path, same):
             return None
         st = os.lstat(path)  # ours by its bytes, maybe not our inode (a resent link): what stands there
     finally:
@@ -133,16 +156,49 @@ def publish_once(path: str | os.PathLike, data: bytes, *, durable: bool = True) 
     return st
 
 
-def _ours(tmp: str | os.PathLike, path: str | os.PathLike, data: bytes) -> bool:
-    """Is what stands at ``path`` this call's own link? An NFSv3 LINK retransmitted after the server did it
-    answers EEXIST for the link the first transmission made: the winner must not take it for a lost race."""
+def _ours(tmp: str | os.PathLike, path: str | os.PathLike, same: Callable[[], bool]) -> bool:
+    """Is what stands at ``path`` this call's own link: our temp's inode, else our bytes (``same``)?"""
     try:
-        if os.path.samefile(tmp, path):
-            return True
-        with open(path, "rb") as f:
-            return f.read(len(data) + 1) == data
+        return os.path.samefile(tmp, path) or same()
     except OSError:
         return False
+
+
+def _holds_bytes(path: str | os.PathLike, data: bytes) -> bool:
+    with open(path, "rb") as f:
+        return f.read(len(data) + 1) == data
+
+
+def stage_blocks(
+    path: str | os.PathLike, source: Iterable[Any], *, direct: bool, fsync: bool
+) -> tuple[Path, os.stat_result]:
+    """``source``'s blocks written to a new temp name beside ``path`` (its folder made on a miss): the temp and
+    its stat, for ``rename_staged`` or ``link_staged``. Bulk data (an attempt's output, a downloaded shard),
+    so ``BulkWriter`` writes it (``direct``: past the page cache, for bytes nobody here rereads soon);
+    ``fsync`` before the stat. Any failure removes the temp again: a cut copy is never left under it."""
+    tmp = temp_name(path)
+    try:
+        out = in_folder(tmp, lambda: BulkWriter(tmp, direct=direct))
+        try:
+            for block in source:
+                out.write(block)
+        except BaseException:
+            out.abandon()
+            raise
+        out.close(fsync=fsync)
+        return tmp, os.lstat(tmp)
+    except BaseException:
+        unlink_quietly(tmp)
+        raise
+
+
+def in_folder(path: str | os.PathLike, write: Callable[[], T]) -> T:
+    """Run ``write``; if ``path``'s folder is missing, make it and run it again (one mkdir on a miss only)."""
+    try:
+        return write()
+    except FileNotFoundError:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        return write()
 
 
 def lost_race(exc: OSError, path: str | os.PathLike) -> bool:

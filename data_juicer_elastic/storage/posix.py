@@ -6,7 +6,9 @@ Nothing here changes how a file is written: ``create`` is ``publish_once``
 ``atomic_write`` (temp + fsync + rename; ``durable=False`` leaves out the folder fsync after the link or
 rename, as ``replace_small`` always did), ``now`` is ``server_now`` (the file
 server's clock), ``renew`` rewrites a byte as ``touch`` does (the file server stamps the write) and
-``release`` sets the mtime to ``RELEASED_MTIME``. Folders are made on demand, since a key implies its parents.
+``release`` sets the mtime to ``RELEASED_MTIME``; ``upload`` and ``download`` copy bulk data through a temp
+name and ``publish_once``'s link or ``atomic_write``'s rename (``stage_blocks``). Folders are made on demand,
+since a key implies its parents.
 Each call is the system calls ``job/claims.py`` made by hand before (tests/test_scale.py counts them): an age
 is one lstat when the caller holds ``now``, and a read or create probes the clock only if its age is asked for.
 A create or replace takes the new version from its temp file's ``fstat`` (a link or rename keeps the inode,
@@ -16,22 +18,31 @@ size and mtime), not from a stat of the name after.
 from __future__ import annotations
 
 import errno
+import filecmp
 import os
 import stat
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
 
-from data_juicer_elastic.storage.files import atomic_write, create_exclusive, is_disk_full, publish_once, server_now
+from data_juicer_elastic.storage.blocks import blocks
+from data_juicer_elastic.storage.files import (
+    atomic_write,
+    create_exclusive,
+    in_folder,
+    is_disk_full,
+    link_staged,
+    publish_once,
+    rename_staged,
+    server_now,
+    stage_blocks,
+)
 from data_juicer_elastic.storage.keys import Entry, Meta, Ver, is_internal, normalise_key, normalise_prefix
 
 CLOCK_KEY = ".clock"  # the file ``now`` touches: internal (never listed), one per store
 RELEASED_MTIME = 1  # a released lease's mtime, at or below it reads as released (sshfs turns 0 into "now")
 LEASE_BYTES = 1 << 16  # leases are small: renew compares at most this much
 LEASES_KEPT = 1024  # lease bytes remembered for renew (one per lease created or renewed here)
-
-T = TypeVar("T")
 
 
 def ver_of(st: os.stat_result) -> Ver:
@@ -62,10 +73,10 @@ class PosixStore:
     def create(self, key: str, data: bytes, *, exclusive: bool = False, durable: bool = True) -> Meta | None:
         path = self.path(key)
         if exclusive:
-            won = _in_folder(path, lambda: create_exclusive(path, data, durable=durable))
+            won = in_folder(path, lambda: create_exclusive(path, data, durable=durable))
             st = os.lstat(path) if won else None
         else:
-            st = _in_folder(path, lambda: publish_once(path, data, durable=durable))
+            st = in_folder(path, lambda: publish_once(path, data, durable=durable))
         if st is None:
             return None
         meta = self._meta(st, None)
@@ -82,7 +93,7 @@ class PosixStore:
             known = self._known(norm)
             if not _holds(known, if_ver, _read_head(path, known), lambda: self._stat(path)):
                 return None
-        ver = ver_of(_in_folder(path, lambda: atomic_write(path, data, durable=durable)))
+        ver = ver_of(in_folder(path, lambda: atomic_write(path, data, durable=durable)))
         self._remember(norm, ver, data)
         return ver
 
@@ -115,6 +126,45 @@ class PosixStore:
             os.close(fd)
         self._remember(norm, new, data or b"\n")
         return new
+
+    def upload(self, key: str, local_path: str | os.PathLike, *, create_once: bool) -> Meta | None:
+        """Copied whole to a temp name beside the key (``BulkWriter``, past the page cache, fsynced), then
+        linked (``create_once``: EEXIST is None unless the bytes there are ours, as ``publish_once`` decides)
+        or renamed over it. A killed upload leaves only the temp, a dot name no listing shows."""
+        norm = normalise_key(key)
+        path = self.root / norm
+        with open(local_path, "rb", buffering=0) as src:
+            tmp, st = stage_blocks(path, blocks(src), direct=True, fsync=True)
+        self._forget(norm)
+        if create_once:
+            won = link_staged(tmp, path, st, lambda: filecmp.cmp(tmp, path, shallow=False), durable=True)
+            return None if won is None else self._meta(won, None)
+        rename_staged(tmp, path)
+        return self._meta(st, None)
+
+    def download(self, key: str, local_path: str | os.PathLike) -> Meta | None:
+        """Copied to a temp name beside ``local_path``, renamed over it; not fsynced (node-local scratch, which
+        a crash of the node takes with the attempt)."""
+        fd = _open_unlinked(os.path.join(self._root, normalise_key(key)), os.O_RDONLY)  # a link: no key is one
+        if fd is None:
+            return None
+        with os.fdopen(fd, "rb", buffering=0) as src:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return None
+            tmp, _ = stage_blocks(local_path, blocks(src), direct=False, fsync=False)
+        rename_staged(tmp, local_path, durable=False)
+        return self._meta(st, None)
+
+    def open_range(self, key: str, start: int, end: int) -> bytes | None:
+        fd = _open_unlinked(os.path.join(self._root, normalise_key(key)), os.O_RDONLY)
+        if fd is None:
+            return None
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            f.seek(start)
+            return f.read(max(end - start, 0))  # a buffered read: whole, or short where the file ends
 
     def release(self, key: str, ver: Ver | None = None) -> bool:
         path = self.path(key)
@@ -204,6 +254,11 @@ class PosixStore:
             while len(self._leases) > LEASES_KEPT:
                 del self._leases[next(iter(self._leases))]
 
+    def _forget(self, key: str) -> None:
+        """An upload replaced ``key``'s bytes: what this store last wrote there no longer stands."""
+        with self._leases_lock:
+            self._leases.pop(key, None)
+
     def _ver(self, path: Path) -> Ver | None:
         st = self._stat(path)
         return None if st is None else ver_of(st)
@@ -257,15 +312,6 @@ def _read_head(path: Path, known: tuple[Ver, bytes] | None) -> bytes | None:
         return None  # a folder (EISDIR), or a FIFO with no writer
     finally:
         os.close(fd)
-
-
-def _in_folder(path: Path, write: Callable[[], T]) -> T:
-    """Run ``write``; if the key's folder is missing, make it and run it again (one mkdir on a miss only)."""
-    try:
-        return write()
-    except FileNotFoundError:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return write()
 
 
 def _open_unlinked(path: str, flags: int) -> int | None:

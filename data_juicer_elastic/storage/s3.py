@@ -15,24 +15,26 @@ Credentials, region and endpoint follow boto3's own chain (``AWS_ENDPOINT_URL``,
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from email.utils import parsedate_to_datetime
 from typing import Any
 
 import orjson
 
 from data_juicer_elastic.errors import UserError
-from data_juicer_elastic.storage.files import dumps_json
+from data_juicer_elastic.storage.blocks import BLOCK
+from data_juicer_elastic.storage.files import dumps_json, rename_staged, stage_blocks
 from data_juicer_elastic.storage.keys import Entry, Meta, Ver, is_internal, normalise_key, normalise_prefix
+from data_juicer_elastic.storage.s3_replies import RELEASED_META, _code, _date, _meta, _missing, _released, _retried
+from data_juicer_elastic.storage.s3_upload import ANY, put_file
 
 CLOCK_KEY = ".clock"  # HEADed (never written) for the store's Date: a 404 carries one too
 DIALECTS = ("s3",)  # oss and gcs (their own create-once headers) come with the dialect hooks
 CONFLICT_TRIES = 5  # 409 ConditionalRequestConflict: a concurrent conditional write; S3 asks for a retry
 RETRIES = {"mode": "standard", "max_attempts": 5}  # botocore's own retries of a send, bounded
-RELEASED_META = "dje-released"  # x-amz-meta-dje-released: 1 on a released lease, read by HEAD
 BEATS_KEPT = 1024  # lease bodies remembered for renew (one per lease renewed; a release forgets its own)
 READ_WINDOW_FIRST = 64 << 10  # an input's first ranged GET: a line start is usually found in it
 READ_WINDOW_MAX = 16 << 20  # ... each next one 4x larger, up to this
@@ -136,6 +138,41 @@ class S3Store:
                 return None
             raise
 
+    def upload(self, key: str, local_path: str | os.PathLike, *, create_once: bool) -> Meta | None:
+        """One PUT up to ``s3_upload.PART_SIZE``, else a multipart upload (``s3_upload.put_file``, the
+        export's); ``create_once``: ``If-None-Match: *`` on the PUT or on ``CompleteMultipartUpload`` (and a
+        HEAD before Complete). A killed upload leaves no key (at most an incomplete multipart upload)."""
+        written = put_file(self, key, local_path, None if create_once else ANY)
+        return None if written is None else written.meta
+
+    def download(self, key: str, local_path: str | os.PathLike) -> Meta | None:
+        """One GET streamed in blocks to a temp name beside ``local_path``, renamed over it (not fsynced:
+        node-local scratch); a body cut short raises (botocore checks its length), leaving nothing."""
+        resp = self._get_resp(self._full(normalise_key(key)))
+        if resp is None:
+            return None
+        body = resp["Body"]  # entered, a StreamingBody hands out its raw stream, which has no length check
+        with body:
+            tmp, _ = stage_blocks(local_path, body.iter_chunks(BLOCK), direct=False, fsync=False)
+        rename_staged(tmp, local_path, durable=False)
+        return _meta(resp, int(resp["ContentLength"]))
+
+    def open_range(self, key: str, start: int, end: int) -> bytes | None:
+        """One ranged GET (``Range: bytes=start-end-1``); short where the object ends, None when missing."""
+        full = self._full(normalise_key(key))
+        if end <= start:
+            return b"" if self.head(key) is not None else None
+        try:
+            resp = self._get_resp(full, Range=f"bytes={start}-{end - 1}")
+        except self._client_error as exc:
+            if _code(exc) == "InvalidRange":
+                return b""  # starts at or past the object's end
+            raise
+        if resp is None:
+            return None
+        with resp["Body"] as body:
+            return body.read()
+
     def delete(self, key: str, if_ver: Ver | None = None) -> bool:
         condition = {} if if_ver is None else {"IfMatch": if_ver}
         try:
@@ -214,14 +251,20 @@ class S3Store:
 
     def _get(self, full: str, if_ver: Ver | None = None) -> tuple[bytes, dict[str, Any]] | None:
         """A key's bytes and GET response; None when missing, or, with ``if_ver``, when its ETag moved."""
-        try:
-            resp = self.client.get_object(Bucket=self.bucket, Key=full, **({"IfMatch": if_ver} if if_ver else {}))
-        except self._client_error as exc:
-            if _missing(exc) or (if_ver and _code(exc) == "PreconditionFailed"):
-                return None
-            raise
+        resp = self._get_resp(full, **({"IfMatch": if_ver} if if_ver else {}))
+        if resp is None:
+            return None
         with resp["Body"] as body:
             return body.read(), resp
+
+    def _get_resp(self, full: str, **extra: str) -> dict[str, Any] | None:
+        """A GET's response, its body unread; None when missing, or when an ``IfMatch`` in ``extra`` failed."""
+        try:
+            return dict(self.client.get_object(Bucket=self.bucket, Key=full, **extra))
+        except self._client_error as exc:
+            if _missing(exc) or ("IfMatch" in extra and _code(exc) == "PreconditionFailed"):
+                return None
+            raise
 
     def _beat(self, full: str, ver: Ver | None) -> _Beat | None:
         """The lease at ``full`` if it still has ``ver`` (any version when None): from memory, else one GET."""
@@ -348,37 +391,5 @@ def _client(endpoint_url: str | None) -> tuple[Any, type[Exception]]:
     return boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config), ClientError
 
 
-def _code(exc: Any) -> str:
-    response = getattr(exc, "response", None) or {}  # BotoCoreError (no connection, no credentials) has none
-    return str(response.get("Error", {}).get("Code", ""))
-
-
-def _missing(exc: Any) -> bool:
-    return _code(exc) in ("NoSuchKey", "404", "NotFound")
-
-
-def _retried(exc: Any) -> bool:
-    return int(exc.response.get("ResponseMetadata", {}).get("RetryAttempts", 0)) > 0
-
-
-def _date(resp: dict[str, Any]) -> float:
-    """The response's ``Date`` header: the store's clock (1 s resolution)."""
-    date = resp.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
-    if not date:
-        raise RuntimeError("the S3 endpoint sent no Date header, so it offers no clock to age leases by")
-    return parsedate_to_datetime(date).timestamp()
-
-
-def _released(resp: dict[str, Any]) -> bool:
-    return resp.get("Metadata", {}).get(RELEASED_META) == "1"
-
-
 def _count(beat: Any) -> int:
     return beat if type(beat) is int else 0
-
-
-def _meta(resp: dict[str, Any], size: int) -> Meta:
-    """A GET's or HEAD's Meta; a PUT's response has no Last-Modified: the write is stamped at its ``Date``."""
-    date = _date(resp)
-    modified = resp["LastModified"].timestamp() if "LastModified" in resp else date
-    return Meta(size, str(resp["ETag"]), modified, date, _released(resp))

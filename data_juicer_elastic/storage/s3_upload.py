@@ -28,24 +28,40 @@ from pathlib import Path
 from typing import Any
 
 from data_juicer_elastic.storage.blocks import BLOCK, blocks
-from data_juicer_elastic.storage.keys import normalise_key
-from data_juicer_elastic.storage.s3 import S3Store, _code, _date, _retried
+from data_juicer_elastic.storage.keys import Meta, normalise_key
+from data_juicer_elastic.storage.s3_replies import _code, _date, _meta, _retried
+
+S3Store = Any  # an ``S3Store`` (storage/s3.py), not imported: its ``upload`` is ``put_file``, so s3.py imports this
 
 MIN_PART = 5 << 20  # S3's smallest part but the last
-PART_SIZE = 16 << 20  # the default part; grown so that no upload needs more than MAX_PARTS
+PART_SIZE = 16 << 20  # the default part, grown so that no upload needs more than MAX_PARTS; a file up to it is one PUT
 MAX_PARTS = 9000  # S3 allows 10,000: room for a size estimate that falls short
 IN_FLIGHT = 4  # parts sent at once (each held in memory until its reply)
 STALE_UPLOAD_SECS = 3600.0  # an incomplete upload this old is a killed writer's: aborted
 SHA_META = "dje-sha256"  # x-amz-meta-dje-sha256 on a part put by the folder export: what a resume compares
+ANY = "*"  # an ``expect`` that replaces whatever is there (or nothing): no HEAD, no condition
 
 
 @dataclass(frozen=True)
 class Written:
-    """What a completed write left: the object's size, ETag and version (None unversioned)."""
+    """What a completed write left: the object's Meta (size, ETag, the store's stamp) and version (None
+    unversioned)."""
 
-    size: int
-    etag: str
+    meta: Meta
     version_id: str | None
+
+    @property
+    def size(self) -> int:
+        return self.meta.size
+
+    @property
+    def etag(self) -> str:
+        return self.meta.ver
+
+    @classmethod
+    def of(cls, resp: dict[str, Any], size: int) -> Written:
+        """From a PUT's or Complete's response (stamped at its ``Date``), or a GET's (``Last-Modified``)."""
+        return cls(_meta(resp, size), resp.get("VersionId"))
 
 
 class Refused(Exception):
@@ -60,9 +76,9 @@ def part_size_for(total: int) -> int:
 class MultipartWrite:
     """One multipart upload to ``key``: ``write`` blocks in order, then ``complete`` once; aborted on any error.
 
-    ``expect``: the ETag of the object the caller saw there (replaced only if it is still that one), or
-    None for none (refused if one appears). Use as a context manager: leaving it without ``complete``
-    aborts the upload, so what was sent is never kept.
+    ``expect``: the ETag of the object the caller saw there (replaced only if it is still that one), None
+    for none (refused if one appears), or ``ANY`` (whatever is there is replaced). Use as a context manager:
+    leaving it without ``complete`` aborts the upload, so what was sent is never kept.
     """
 
     def __init__(
@@ -105,17 +121,17 @@ class MultipartWrite:
             self._send(bytes(self.buf))
             self.buf = bytearray()
         parts = [{"PartNumber": n, "ETag": f.result()["ETag"]} for n, f, _ in self.sent]
-        seen = self.store.head(self.key)
-        if (seen.ver if seen else None) != self.expect:
-            raise Refused(f"s3://{self.store.bucket}/{self.full}: {'changed' if self.expect else 'appeared'}")
-        condition = {"IfMatch": self.expect} if self.expect else {"IfNoneMatch": "*"}
+        if self.expect != ANY:
+            seen = self.store.head(self.key)
+            if (seen.ver if seen else None) != self.expect:
+                raise Refused(f"s3://{self.store.bucket}/{self.full}: {'changed' if self.expect else 'appeared'}")
         try:
             resp = self.client.complete_multipart_upload(
                 Bucket=self.store.bucket,
                 Key=self.full,
                 UploadId=self.upload_id,
                 MultipartUpload={"Parts": parts},
-                **condition,
+                **_condition(self.expect),
             )
         except self.store._client_error as exc:
             if _code(exc) not in ("PreconditionFailed", "NoSuchUpload"):
@@ -126,7 +142,7 @@ class MultipartWrite:
             self.upload_id = None
             return ours
         self.upload_id = None  # completed: nothing to abort
-        return Written(self.size, str(resp["ETag"]), resp.get("VersionId"))
+        return Written.of(resp, self.size)
 
     def _ours_after_resend(self) -> Written | None:
         """A Complete that botocore sent again after its first send landed: the object's ETag is the one
@@ -136,7 +152,7 @@ class MultipartWrite:
         meta = self.store.head(self.key)
         if meta is None or meta.ver != want or meta.size != self.size:
             return None
-        return Written(meta.size, meta.ver, None)
+        return Written(meta, None)
 
     def abort(self) -> None:
         """Drop the upload (once; a completed one has nothing to drop)."""
@@ -155,25 +171,46 @@ def _md5(data: bytes) -> str:
     return hashlib.md5(data).hexdigest()  # S3's part ETag, not security
 
 
-def upload_file(
-    store: S3Store, key: str, path: Path, sha256: str, *, part_size: int = PART_SIZE, tick: Callable | None = None
-) -> Written:
-    """``path`` at ``key`` (replacing whatever is there), its sha256 in the metadata: one PUT up to a part,
-    else a multipart upload."""
+def _condition(expect: str | None) -> dict[str, str]:
+    """The precondition a write under ``expect`` (as ``MultipartWrite`` takes it) sends."""
+    if expect == ANY:
+        return {}
+    return {"IfMatch": expect} if expect else {"IfNoneMatch": "*"}
+
+
+def put_file(
+    store: S3Store, key: str, path: str | os.PathLike, expect: str | None, metadata: dict[str, str] | None = None
+) -> Written | None:
+    """``path`` at ``key``: one PUT up to ``PART_SIZE`` (the file read whole), else a multipart upload of
+    ``part_size_for`` parts streamed from the file. ``expect`` as ``MultipartWrite`` takes it; None when that
+    condition fails, nothing written. A resend whose first send landed is ours: the PUT's by the bytes stored
+    (``S3Store._put_resp``), the Complete's by the ETag its parts make."""
     size = os.stat(path).st_size
-    full = store._full(normalise_key(key))
-    if size <= part_size:
-        resp = store.client.put_object(
-            Bucket=store.bucket, Key=full, Body=Path(path).read_bytes(), Metadata={SHA_META: sha256}
-        )
-        written = Written(size, str(resp["ETag"]), resp.get("VersionId"))
-    else:
-        seen = store.head(key)
-        up = MultipartWrite(store, key, seen.ver if seen else None, part_size, {SHA_META: sha256})
+    if size <= PART_SIZE:
+        data = Path(path).read_bytes()
+        resp = store._put_resp(store._full(normalise_key(key)), data, _condition(expect), metadata)
+        return None if resp is None else Written.of(resp, len(data))
+    try:
+        up = MultipartWrite(store, key, expect, part_size_for(size), metadata)
         with open(path, "rb", buffering=0) as f, up:
             for block in blocks(f, bytearray(BLOCK)):
                 up.write(block)
-            written = up.complete()
+            return up.complete()
+    except Refused:
+        return None
+
+
+def upload_file(store: S3Store, key: str, path: Path, sha256: str, *, tick: Callable | None = None) -> Written:
+    """``path`` at ``key`` (replacing whatever is there; a multipart upload only the object it saw when it
+    began), its sha256 in the metadata (``put_file``)."""
+    size = os.stat(path).st_size
+    expect = ANY
+    if size > PART_SIZE:
+        seen = store.head(key)
+        expect = seen.ver if seen else None
+    written = put_file(store, key, path, expect, {SHA_META: sha256})
+    if written is None:
+        raise Refused(f"s3://{store.bucket}/{store._full(normalise_key(key))}: changed during the upload")
     if tick is not None:
         tick(size)
     return written

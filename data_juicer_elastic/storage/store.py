@@ -9,6 +9,7 @@ folder, clean temp names) stays out of it.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -87,6 +88,26 @@ class Store(Protocol):
 
     def head(self, key: str, now: float | None = None) -> Meta | None:
         """Size, version and age of ``key`` without its bytes; None when missing. ``now`` as for ``read``."""
+        ...
+
+    def upload(self, key: str, local_path: str | os.PathLike, *, create_once: bool) -> Meta | None:
+        """Put a local file at ``key`` whole (bulk data: an attempt's output, a merged output): its Meta.
+
+        Readers see the old bytes or the new, never a part: POSIX copies to a temp name beside the key,
+        fsyncs, then links or renames; S3 sends one PUT, or a multipart upload that exists only once
+        completed. ``create_once``: None when a key is there (its bytes kept), unless it holds exactly these
+        bytes put by this very call (a resend whose first send landed, an NFS link retransmitted); else the
+        key is replaced. A killed upload leaves no key and nothing a listing shows.
+        """
+        ...
+
+    def download(self, key: str, local_path: str | os.PathLike) -> Meta | None:
+        """The whole of ``key`` to the local file ``local_path`` (a temp beside it, renamed over it; streamed,
+        never held in memory): the Meta of the bytes copied, or None when missing (no local file made)."""
+        ...
+
+    def open_range(self, key: str, start: int, end: int) -> bytes | None:
+        """Bytes ``[start, end)`` of ``key``, short where it ends; None when missing (POSIX pread, S3 ranged GET)."""
         ...
 
     def delete(self, key: str, if_ver: Ver | None = None) -> bool:
