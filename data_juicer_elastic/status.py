@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from data_juicer_elastic.errors import IntegrityError, one_line
-from data_juicer_elastic.job.claims import ClaimStore, claim_store, lease_key
+from data_juicer_elastic.job.claims import ClaimStore, claim_store, latest_of, lease_key
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.manifest import Manifest
 from data_juicer_elastic.job.records.attempt import load_attempt
@@ -190,14 +190,8 @@ def job_summary(job: JobDir) -> JobStatus:
 
 
 def _latest_attempts(job: JobDir, rows: Mapping[str, int]) -> dict[str, int]:
-    """``ClaimStore.latest_attempts`` for the manifest's shards (one listing of names; a name is split, not
-    matched)."""
-    latest: dict[str, int] = {}
-    for name in job.store.names(job.key(job.claims_dir)):
-        sid, at, n = name.rpartition("@")
-        if at and n.isdigit() and sid in rows and int(n) > latest.get(sid, 0):
-            latest[sid] = int(n)
-    return latest
+    """``ClaimStore.latest_attempts`` for the manifest's shards (one listing of names)."""
+    return {sid: n for sid, n in latest_of(job.store.names(job.key(job.claims_dir))).items() if sid in rows}
 
 
 @dataclass

@@ -43,8 +43,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,6 +96,17 @@ def parse_lease_name(name: str) -> tuple[str, int] | None:
     return shard, int(num)
 
 
+def latest_of(names: Iterable[str]) -> dict[str, int]:
+    """Highest attempt number per shard among lease names (a listing of the claims folder); other names are
+    skipped. Split, not matched: on 100,000 names a call per name costs more than the listing."""
+    latest: dict[str, int] = {}
+    for name in names:
+        shard, sep, num = name.rpartition(SEP)
+        if sep and num.isdigit() and int(num) > latest.get(shard, 0):
+            latest[shard] = int(num)
+    return latest
+
+
 class ClaimStore:
     """Claim, renew, release and take over leases for one worker process."""
 
@@ -134,12 +144,7 @@ class ClaimStore:
 
     def latest_attempts(self) -> dict[str, int]:
         """Highest attempt number per shard, from one directory listing."""
-        latest: dict[str, int] = defaultdict(int)
-        for name in os.listdir(self.job.claims_dir):
-            parsed = parse_lease_name(name)
-            if parsed and parsed[1] > latest[parsed[0]]:
-                latest[parsed[0]] = parsed[1]
-        return dict(latest)
+        return latest_of(os.listdir(self.job.claims_dir))
 
     def latest_attempt(self, shard: str, start: int = 0) -> int:
         """The shard's highest attempt number, by probing leases upward from ``start`` (no listing).

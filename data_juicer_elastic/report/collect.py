@@ -17,7 +17,7 @@ from pathlib import Path
 
 from data_juicer_elastic.errors import ElasticError
 from data_juicer_elastic.job.attempt_files import AttemptDir
-from data_juicer_elastic.job.claims import lease_key, parse_lease_name
+from data_juicer_elastic.job.claims import latest_of, lease_key
 from data_juicer_elastic.job.layout import JobDir, attempt_name
 from data_juicer_elastic.job.manifest import Manifest
 from data_juicer_elastic.job.records._read import load_record
@@ -165,12 +165,7 @@ def _done_records(job: JobDir, shard_ids: list[str], notes: list[str]) -> dict[s
 
 
 def _latest_attempts(job: JobDir) -> dict[str, int]:
-    latest: dict[str, int] = {}
-    for name in _names(job, job.claims_dir):
-        parsed = parse_lease_name(name)
-        if parsed and parsed[1] > latest.get(parsed[0], 0):
-            latest[parsed[0]] = parsed[1]
-    return latest
+    return latest_of(_names(job, job.claims_dir))
 
 
 def _record_ids(job: JobDir, folder: Path) -> set[str]:
