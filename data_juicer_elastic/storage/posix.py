@@ -145,24 +145,20 @@ class PosixStore:
     def download(self, key: str, local_path: str | os.PathLike) -> Meta | None:
         """Copied to a temp name beside ``local_path``, renamed over it; not fsynced (node-local scratch, which
         a crash of the node takes with the attempt)."""
-        fd = _open_unlinked(os.path.join(self._root, normalise_key(key)), os.O_RDONLY)  # a link: no key is one
-        if fd is None:
+        opened = self._open_file(key)
+        if opened is None:
             return None
+        fd, st = opened
         with os.fdopen(fd, "rb", buffering=0) as src:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                return None
             tmp, _ = stage_blocks(local_path, blocks(src), direct=False, fsync=False)
         rename_staged(tmp, local_path, durable=False)
         return self._meta(st, None)
 
     def open_range(self, key: str, start: int, end: int) -> bytes | None:
-        fd = _open_unlinked(os.path.join(self._root, normalise_key(key)), os.O_RDONLY)
-        if fd is None:
+        opened = self._open_file(key)
+        if opened is None:
             return None
-        with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return None
+        with os.fdopen(opened[0], "rb") as f:
             f.seek(start)
             return f.read(max(end - start, 0))  # a buffered read: whole, or short where the file ends
 
@@ -177,13 +173,11 @@ class PosixStore:
         return True
 
     def read(self, key: str, now: float | None = None) -> tuple[bytes, Meta] | None:
-        fd = _open_unlinked(os.path.join(self._root, normalise_key(key)), os.O_RDONLY)  # a link: no key is one
-        if fd is None:
+        opened = self._open_file(key)
+        if opened is None:
             return None
+        fd, st = opened
         try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                return None
             chunks = [os.read(fd, st.st_size + 1)]  # one read when the file is what fstat said (a record is)
             if len(chunks[0]) != st.st_size:  # it changed meanwhile, or a short read: read on to its end
                 while chunk := os.read(fd, 1 << 16):
@@ -234,6 +228,22 @@ class PosixStore:
 
     def now(self) -> float:
         return server_now(self.root / self.clock_key)
+
+    def _open_file(self, key: str) -> tuple[int, os.stat_result] | None:
+        """A read descriptor on ``key``'s regular file and its fstat; None when no key is there (missing, a
+        link, a folder): ``read``, ``download`` and ``open_range`` read through it."""
+        fd = _open_unlinked(os.path.join(self._root, normalise_key(key)), os.O_RDONLY)
+        if fd is None:
+            return None
+        try:
+            st = os.fstat(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            return None
+        return fd, st
 
     def _meta(self, st: os.stat_result, now: float | None) -> Meta:
         # stat first, clock second (when not given): the age can only come out a little larger, never negative
