@@ -241,6 +241,38 @@ def test_names_are_one_level_of_a_folder(store: Store):
         store.names("../N")
 
 
+def test_stamp_moves_when_a_name_comes_or_goes(store: Store):
+    """POSIX: the folder's mtime ("" while it is missing); S3 keeps no folder, so no stamp: None, and the
+    reader lists instead. The folder is dated back before each change, so a change within one timestamp
+    tick of the last read cannot hide a move."""
+    from data_juicer_elastic.storage.s3 import S3Store
+
+    with pytest.raises(ValueError):
+        store.stamp("../outside")
+    if isinstance(store, S3Store):
+        store.create("failed/a.json", b"a")
+        assert store.stamp("failed") is None and store.stamp("missing") is None
+        return
+    assert store.stamp("failed") == ""
+    store.create("failed/a.json", b"a")
+    folder = store.path("failed")
+
+    def dated_back() -> str:
+        os.utime(folder, ns=(10**9, 10**9))
+        return store.stamp("failed")
+
+    before = dated_back()
+    assert before not in ("", None) and store.stamp("failed") == before  # nothing changed: the same stamp
+    store.create("failed/b.json", b"b")
+    assert store.stamp("failed") != before
+    before = dated_back()
+    store.delete("failed/a.json")
+    assert store.stamp("failed") != before
+    before = dated_back()
+    store.replace("failed/b.json", b"b2")  # a rename over a name: the folder is written too
+    assert store.stamp("failed") != before
+
+
 def test_posix_names_stat_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Names only: a listing of leases costs one ``listdir``, never a stat per name (``list`` stats each)."""
     store = PosixStore(tmp_path)

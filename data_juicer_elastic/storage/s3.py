@@ -202,6 +202,11 @@ class S3Store:
             found.update(sub["Prefix"][len(start) : -1] for sub in page.get("CommonPrefixes", ()))
         return [n for n in found if n and not is_internal(n)]  # "": a folder marker (``prefix/``) itself
 
+    def stamp(self, prefix: str) -> str | None:
+        """None: a bucket keeps no folder, so nothing moves when a key under ``prefix`` comes or goes."""
+        normalise_prefix(prefix)  # confined as every key is
+        return None
+
     def now(self) -> float:
         try:
             resp = self.client.head_object(Bucket=self.bucket, Key=self._full(CLOCK_KEY))

@@ -131,6 +131,15 @@ class Store(Protocol):
         """
         ...
 
+    def stamp(self, prefix: str) -> str | None:
+        """A token that moves whenever a name is added directly under the folder ``prefix`` or leaves it
+        (``""`` while the folder is missing), for a reader that lists only when it moved; None where the
+        backend keeps no such token (S3 has no folders): the reader then lists, or keeps no watch at all.
+
+        POSIX: the folder's mtime, one stat (a rename into or out of it, a link, an unlink stamp it).
+        """
+        ...
+
     def now(self) -> float:
         """The store's clock (epoch seconds): the one clock every node reads alike."""
         ...
