@@ -6,7 +6,7 @@ import os
 import time
 
 from data_juicer_elastic.job.attempt_files import AttemptDir
-from data_juicer_elastic.job.claims import RELEASED_MTIME, lease_backup_of, lease_name
+from data_juicer_elastic.job.claims import lease_backup_of, lease_key
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.records.attempt import counts_as_failure, load_attempt
 from data_juicer_elastic.job.records.failed import FailedRecord, publish_failed
@@ -30,10 +30,9 @@ def failure_count(job: JobDir, shard: str, upto: int) -> int:
 
 
 def _released(job: JobDir, shard: str, attempt: int) -> bool:
-    try:
-        return os.stat(job.claims_dir / lease_name(shard, attempt)).st_mtime <= RELEASED_MTIME
-    except OSError:
-        return False
+    """Was the attempt's lease released (one head: lstat, no clock)? A missing lease was not."""
+    meta = job.store.head(lease_key(job, shard, attempt))
+    return meta is not None and meta.released
 
 
 def fail_terminally(job: JobDir, shard: str, attempt: int, host: str, error: str) -> None:

@@ -12,7 +12,7 @@ attempts used up the retry budget is failed here, so a shard that keeps
 killing its workers stops the job instead of going round forever. With no
 shard left to claim, the worker may back up a late one (``speculation``).
 A terminal failure anywhere is seen at the next claim from the failed
-folder's mtime (one stat), not from a listing.
+folder's stamp (one stat on POSIX), not from a listing.
 """
 
 from __future__ import annotations
@@ -43,20 +43,19 @@ def refresh_interval(job: JobDir) -> float:
 
 
 class FailedWatch:
-    """Terminal failures, seen from the failed folder's mtime: listed only when it changed."""
+    """Terminal failures, seen from the failed folder's stamp (``Store.stamp``: one stat on POSIX), listed
+    only when it moved; a store that keeps no stamp (S3) is listed at each check."""
 
     def __init__(self, job: JobDir) -> None:
         self.job = job
-        self._mtime: float | None = None
+        self._key = job.key(job.failed_dir)
+        self._stamp: str | None = ""  # no folder, no failed shard: nothing to list until one appears
         self.failed: set[str] = set()
 
     def check(self) -> set[str]:
-        try:
-            mtime = os.stat(self.job.failed_dir).st_mtime_ns
-        except FileNotFoundError:
-            return self.failed
-        if mtime != self._mtime:
-            self._mtime = mtime
+        stamp = self.job.store.stamp(self._key)
+        if stamp is None or stamp != self._stamp:
+            self._stamp = stamp
             self.failed = self.job.failed_ids()
         return self.failed
 
@@ -209,7 +208,7 @@ class ClaimChooser:
         return None, set()
 
     def _exists(self, sid: str, attempt: int) -> bool:
-        return attempt > 0 and os.path.lexists(self.store.lease_path(sid, attempt))
+        return attempt > 0 and self.store.store.head(self.store.key(sid, attempt)) is not None
 
     def _my_turn(self, claimable: int, busy: list[Busy]) -> bool:
         """Tail pacing: False while faster busy workers would finish every claimable shard first."""

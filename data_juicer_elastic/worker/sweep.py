@@ -39,6 +39,7 @@ is paid once per interval for the whole job.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from collections.abc import Mapping
@@ -52,7 +53,7 @@ from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.records._read import int_or, number_or_none
 from data_juicer_elastic.job.records.attempt import load_attempt
 from data_juicer_elastic.job.records.retry import Archived, read_requeued, summed_by_records
-from data_juicer_elastic.job.records.workers import WorkerRecord, read_small, read_workers, replace_small
+from data_juicer_elastic.job.records.workers import WorkerRecord, read_workers
 from data_juicer_elastic.storage.files import create_exclusive
 from data_juicer_elastic.worker.lanes import fresh_left, probed_fresh_left
 
@@ -187,7 +188,7 @@ def build(
 
 def _place(store: ClaimStore, snap: Snapshot, sid: str, named: int, now: float) -> None:
     """A shard that is not done: its latest attempt is live (busy) or claimable."""
-    n = named if os.path.lexists(store.lease_path(sid, named)) else named - 1  # a hole: named, never created
+    n = named if store.store.head(store.key(sid, named)) is not None else named - 1  # a hole: never created
     n = store.latest_attempt(sid, max(n, 0))
     if n == 0:
         snap.claimable.append((sid, 0))
@@ -266,18 +267,21 @@ def _fallback(job: JobDir, store: ClaimStore, snap: Snapshot, now: float) -> Non
         if sid not in done and sid not in failed:
             _place(store, snap, sid, n, now)
     for sid in job.manifest().shards.ids():  # never claimed and behind every lane's hint (an old job dir's hole)
-        fresh = sid not in done and not os.path.lexists(store.lease_path(sid, 1))
+        fresh = sid not in done and store.store.head(store.key(sid, 1)) is None
         if fresh and (sid, 0) not in snap.claimable:
             snap.claimable.append((sid, 0))
 
 
 def retry_stamp(job: JobDir) -> str:
-    """What changes whenever ``retry`` requeues a shard: the retry folder's mtime (a new record is renamed
-    into it, an old one moved out to history)."""
-    try:
-        return str(os.stat(job.retry_dir).st_mtime_ns)
-    except FileNotFoundError:
-        return "none"
+    """What changes whenever ``retry`` requeues a shard: the retry folder's stamp (``Store.stamp``: a new
+    record is renamed into it, an old one moved out to history), ``none`` while it is missing; on a store
+    that keeps no stamp, a digest of the folder's listing (its keys and versions: one request per 1,000)."""
+    key = job.key(job.retry_dir)
+    stamp = job.store.stamp(key)
+    if stamp is None:
+        listed = b"\n".join(f"{e.key} {e.ver}".encode() for e in job.store.list(key))
+        return hashlib.sha256(listed).hexdigest()[:16] if listed else "none"
+    return stamp or "none"
 
 
 class SnapshotCache:
@@ -298,6 +302,7 @@ class SnapshotCache:
         self._read_at = -1e18  # local monotonic time of the last read
         self._seen: tuple[int, float] | None = None  # (seq, local time it was first seen)
         self._complete = False  # confirmed against the done records
+        self._progress = job.key(job.progress_path)
 
     @property
     def locks(self):
@@ -342,8 +347,11 @@ class SnapshotCache:
             time.sleep(0.2)
 
     def _read(self) -> Snapshot | None:
-        data = read_small(self.job.progress_path)
-        snap = Snapshot.from_bytes(data) if data else None
+        try:
+            got = self.job.store.read(self._progress)
+        except OSError:  # unreadable (an ESTALE, a folder there): as missing, the next look rebuilds it
+            got = None
+        snap = Snapshot.from_bytes(got[0]) if got else None
         now = time.monotonic()
         if snap is not None and (self._seen is None or self._seen[0] != snap.seq):
             age = max(self.store.now() - snap.built_at, 0.0) if self._seen is None else 0.0  # first sight
@@ -357,7 +365,7 @@ class SnapshotCache:
         stamp = retry_stamp(self.job)
         marker = self.locks / f"complete-{stamp}"
         deadline = time.monotonic() + 4 * max(self.interval, 1.0)
-        while not os.path.lexists(marker):
+        while self.job.store.head(self.job.key(marker)) is None:
             # one process lists the done records for everyone; the others wait for its marker (or list for
             # themselves once it is late: its lister died, or found the snapshot wrong and a newer one says
             # complete again)
@@ -421,7 +429,7 @@ class SnapshotCache:
         if current is not None and current.seq > snap.seq:
             return
         try:
-            replace_small(self.job.progress_path, snap.to_bytes())
+            self.job.store.replace(self._progress, snap.to_bytes(), durable=False)
         except OSError:
             return
         self._seen = (snap.seq, time.monotonic())
