@@ -1,13 +1,11 @@
-"""``dj-elastic verify`` on a local export: the one file (JSONL, Parquet) and the folder, each checked against
-what merge.json recorded of it (the S3 forms: test_s3_export.py), through the code the S3 forms use."""
+"""``dj-elastic verify`` on a local export: the one file and the folder, each checked against what merge.json
+recorded of it, through the code the S3 forms use (those: test_s3_export.py; a Parquet file: test_parquet_export.py)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 from data_juicer_elastic.folder_export import SUCCESS
 from data_juicer_elastic.job.layout import JobDir
@@ -65,26 +63,6 @@ def test_verify_checks_a_local_file_against_merge_json(tmp_path: Path) -> None:
     assert _verify_cli(job).returncode == 2
     merge(job, str(out), overwrite=True, log=_quiet)  # what the line says to do
     assert verify(job).ok and _verify_cli(job).returncode == 0
-
-
-def test_verify_checks_a_local_parquet_file_by_its_stamp(tmp_path: Path) -> None:
-    pytest.importorskip("pyarrow")
-    from .test_parquet_export import _finish, _rows
-
-    write_rows(tmp_path / "ds" / "a.jsonl", _rows(60))
-    run(request(tmp_path / "ds", tmp_path / "job", 4))
-    job = JobDir(tmp_path / "job")
-    _finish(job)
-    out = tmp_path / "out.parquet"
-    merge(job, str(out), log=_quiet)
-    assert verify(job).problems == []  # merge.json holds no sha256 of a Parquet file: its size, mtime and inode
-    data = out.read_bytes()
-    other = tmp_path / "other.parquet"
-    other.write_bytes(data[:-5] + b"xPAR1")  # same size, other bytes, put in place as a new file
-    other.replace(out)
-    _problems(job, str(out), "merge.json", "ino", "--overwrite")
-    out.unlink()
-    _problems(job, str(out), "is gone")
 
 
 def test_verify_refuses_a_folder_that_holds_another_jobs_export(tmp_path: Path) -> None:
