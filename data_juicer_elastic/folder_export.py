@@ -53,6 +53,8 @@ from data_juicer_elastic.storage.files import (
 )
 
 SUCCESS = "_SUCCESS"
+MERGE_JSON = "merge.json"  # what ``dj-elastic verify`` checks an export against, as the problems name it
+_SAYS = {"size": "bytes", "etag": "ETag"}  # merge.json's output_stat keys as the problems name them
 FORMAT = "data-juicer-elastic folder export"
 VERSION = 1
 PART_RE = re.compile(r"^part-\d{5,}-of-\d{5,}\.(jsonl|parquet)$")
@@ -222,7 +224,7 @@ def _copy_checked(record: DoneRecord, path: Path, tmp: Path) -> None:
 
 
 class PartSource(Protocol):
-    """Where ``check_export`` reads an export: a local folder (``verify_folder``) or an s3:// prefix
+    """Where ``check_export`` reads an export: a local folder (``LocalFolder``) or an s3:// prefix
     (``s3_export.verify_export``)."""
 
     where: str  # the folder or the URL, as the problems name it
@@ -263,6 +265,54 @@ def check_export(source: PartSource) -> list[str]:
     return problems
 
 
+def check_recorded_folder(source: PartSource, now: dict[str, Any] | None, record: dict[str, Any]) -> list[str]:
+    """A folder export against merge.json (``dj-elastic verify``): its ``_SUCCESS`` must be the one the merge
+    wrote (``now``, its stamp, against ``output_stat``), else the folder holds another export, however
+    self-consistent; then every part against that ``_SUCCESS`` (``check_export``)."""
+    diffs = [] if now is None else _stamp_diffs(now, record)  # no _SUCCESS: check_export says so
+    if diffs:
+        where = record["output"]
+        return [
+            f"{where}/{SUCCESS}: is not the one {MERGE_JSON} recorded ({'; '.join(diffs)}); the folder holds "
+            f"another export now: export the job again (`dj-elastic merge --output {where}/ --overwrite`)"
+        ]
+    return check_export(source)
+
+
+def check_recorded_file(
+    now: dict[str, Any] | None, record: dict[str, Any], read: Callable[[], FileDigest]
+) -> list[str]:
+    """A one-file export against merge.json (``dj-elastic verify``): its stamp (``now``) against ``output_stat``,
+    and where merge.json holds the whole file's sha256 (JSONL; a Parquet merge records none, its stamp stands
+    for it) its rows and sha256, re-read by ``read``."""
+    where = record["output"]
+    if now is None:
+        return [f"{where}: is gone; merge the job again (`dj-elastic merge --output {where}`)"]
+    diffs = _stamp_diffs(now, record)
+    if isinstance(record.get("sha256"), str):
+        try:
+            d = read()
+        except (OSError, UserError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) else str(exc)
+            return [f"{where}: cannot be read ({why}); restore it or merge the job again"]
+        diffs += mismatches({"rows": d.rows, "sha256": d.sha256}, record, MERGE_JSON)
+    if not diffs:
+        return []
+    return [
+        f"{where}: does not match {MERGE_JSON} ({'; '.join(diffs)}); it changed after the merge: merge the job "
+        f"again (`dj-elastic merge --output {where} --overwrite`)"
+    ]
+
+
+def _stamp_diffs(now: dict[str, Any], record: dict[str, Any]) -> list[str]:
+    """Each way the stamp found now (size and mtime_ns and inode; size and ETag on S3) differs from merge.json's."""
+    stat = record.get("output_stat")
+    stat = stat if isinstance(stat, dict) else {}
+    return mismatches(
+        {_SAYS.get(k, k): v for k, v in now.items()}, {_SAYS.get(k, k): stat.get(k) for k in now}, MERGE_JSON
+    )
+
+
 def mismatches(got: dict[str, Any], want: dict[str, Any], says: str) -> list[str]:
     """``key <got>, <says> says <want>`` for each key of ``got`` whose value ``want`` does not hold."""
     return [f"{k} {got[k]}, {says} says {want.get(k)}" for k in got if got[k] != want.get(k)]
@@ -288,7 +338,7 @@ def _check_part(source: PartSource, part: Any) -> list[str]:
 
 
 @dataclass
-class _Folder:
+class LocalFolder:
     """A local folder export as ``check_export`` reads it."""
 
     where: str
@@ -313,7 +363,7 @@ class _Folder:
 
 def verify_folder(folder: str | os.PathLike) -> list[str]:
     """Re-read every part of an exported folder against ``_SUCCESS``; the problems found (none: complete and intact)."""
-    return check_export(_Folder(str(folder)))
+    return check_export(LocalFolder(str(folder)))
 
 
 # --------------------------------------------------------------------------- Parquet parts

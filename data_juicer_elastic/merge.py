@@ -26,11 +26,13 @@ from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.folder_export import (
     SUCCESS,
     Done,
+    LocalFolder,
+    check_recorded_file,
+    check_recorded_folder,
     export_folder,
     export_parquet_folder,
     is_folder_export,
     shard_entry,
-    verify_folder,
 )
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.manifest import ShardSpec
@@ -104,12 +106,27 @@ def verify(job: JobDir, *, expect_nodes: int | None = None, check_content: bool 
     if complete and expect_nodes is not None and len(hosts) < expect_nodes:
         problems.append(f"only {len(hosts)} host(s) completed shards, {expect_nodes} expected")
     exported = load_record(job.store, job.key(job.merge_record_path))
-    folder = exported.get("kind") == "folder" and isinstance(exported.get("output"), str)
-    if check_content and isinstance(exported.get("output"), str) and s3_export.is_s3(exported["output"]):
-        problems += s3_export.verify_export(exported)  # on S3: against its _SUCCESS, or one object's merge.json
-    elif check_content and folder:
-        problems += verify_folder(exported["output"])  # the latest export, re-read against its _SUCCESS
+    if check_content and isinstance(exported.get("output"), str):
+        problems += _verify_export(exported)
     return VerifyReport(checks, hosts, complete, not problems, problems)
+
+
+def _verify_export(record: dict) -> list[str]:
+    """The export merge.json names, checked against what it recorded (``folder_export.check_recorded_*``):
+    on S3 by ``s3_export``; here its stamp is the stat ``merged_already`` compares, its bytes read from disk."""
+    out = record["output"]
+    if s3_export.is_s3(out):
+        return s3_export.verify_export(record)
+    folder = record.get("kind") == "folder"
+    try:
+        now: dict | None = _stat_of(_stamped(out, folder))
+    except FileNotFoundError:
+        now = None
+    except OSError as exc:
+        return [f"{_stamped(out, folder)}: cannot be read ({exc.strerror}); restore it or merge the job again"]
+    if folder:
+        return check_recorded_folder(LocalFolder(out), now, record)
+    return check_recorded_file(now, record, lambda: digest_file(out))
 
 
 def _verify_shard(job: JobDir, spec: ShardSpec, buf: bytearray | None) -> tuple[ShardCheck, bool]:

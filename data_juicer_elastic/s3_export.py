@@ -12,8 +12,9 @@ in the generation folder, then each part is put at ``<prefix>/<part>`` and
 whose size and sha256 metadata already match. The endpoint and credentials
 are boto3's own chain (``AWS_ENDPOINT_URL``, ``AWS_PROFILE``, roles);
 ``merge.json`` records the URL, size and ETag and nothing of them.
-``verify_export`` (``dj-elastic verify``) re-reads an export here as
-``verify_folder`` reads a local one, by streamed ranged GETs.
+``verify_export`` (``dj-elastic verify``) checks an export here against
+merge.json as a local one is checked (``folder_export.check_recorded_*``),
+reading by streamed ranged GETs.
 """
 
 from __future__ import annotations
@@ -28,12 +29,11 @@ from typing import Any
 import orjson
 
 from data_juicer_elastic.errors import UserError
-from data_juicer_elastic.folder_export import PART_RE, SUCCESS, check_export, mismatches
+from data_juicer_elastic.folder_export import PART_RE, SUCCESS, check_recorded_file, check_recorded_folder
 from data_juicer_elastic.storage.blocks import BLOCK, FileDigest, blocks, digest_blocks
 from data_juicer_elastic.storage.keys import normalise_prefix
 from data_juicer_elastic.storage.urls import SCHEME, is_s3, split_s3
 
-MERGE_JSON = "merge.json"  # what the one-object check names as its source
 STAGING = "s3-export"  # the local folder export staged in the generation folder (links), removed after upload
 
 
@@ -202,9 +202,9 @@ def drop_staging(staged: Path) -> None:
 
 # --------------------------------------------------------------------------- verify
 def verify_export(record: dict[str, Any]) -> list[str]:
-    """The export merge.json names re-read (``dj-elastic verify``), as a local one is: a folder's parts against
-    its ``_SUCCESS`` (``check_export``), each hashed by streamed ranged GETs; one object's size and ETag against
-    merge.json, its content re-hashed where merge.json holds its sha256 (JSONL; a Parquet file has none)."""
+    """The export merge.json names re-read (``dj-elastic verify``), as a local one is (``check_recorded_*``): the
+    stamp (size and ETag, one HEAD) of a folder's ``_SUCCESS`` or of the one object against merge.json, then a
+    folder's parts against its ``_SUCCESS``, or the object's rows and sha256, by streamed ranged GETs."""
     from data_juicer_elastic.storage.s3 import S3Objects
 
     url = record["output"]
@@ -212,30 +212,20 @@ def verify_export(record: dict[str, Any]) -> list[str]:
         bucket, key = _split(url)
         objects = S3Objects()  # boto3's own chain, as the export used: AWS_ENDPOINT_URL, AWS_PROFILE, ...
         if record.get("kind") == "folder":
-            return check_export(_Prefix(url, objects, bucket, key))
-        return _verify_object(url, objects, bucket, key, record)
+            return check_recorded_folder(
+                _Prefix(url, objects, bucket, key), _head(objects, bucket, f"{key}/{SUCCESS}"), record
+            )
+        now = _head(objects, bucket, key)
+        size = now["size"] if now else 0
+        return check_recorded_file(now, record, lambda: digest_blocks(objects.blocks(bucket, key, 0, size, BLOCK)))
     except UserError as exc:  # names the URL and the endpoint, never a credential
         return [str(exc)]
 
 
-def _verify_object(url: str, objects: Any, bucket: str, key: str, record: dict[str, Any]) -> list[str]:
+def _head(objects: Any, bucket: str, key: str) -> dict[str, Any] | None:
+    """The object's stamp as merge.json's ``output_stat`` holds it (``Stamp.record``); None when it is gone."""
     info = objects.head(bucket, key)
-    if info is None:
-        return [f"{url}: is gone; merge the job again (`dj-elastic merge --output {url}`)"]
-    stat = record.get("output_stat")
-    stat = stat if isinstance(stat, dict) else {}
-    diffs = mismatches(
-        {"bytes": info.size, "ETag": info.etag}, {"bytes": stat.get("size"), "ETag": stat.get("etag")}, MERGE_JSON
-    )
-    if isinstance(record.get("sha256"), str):
-        d = digest_blocks(objects.blocks(bucket, key, 0, info.size, BLOCK))
-        diffs += mismatches({"rows": d.rows, "sha256": d.sha256}, record, MERGE_JSON)
-    if not diffs:
-        return []
-    return [
-        f"{url}: does not match {MERGE_JSON} ({'; '.join(diffs)}); it changed after the merge: merge the job "
-        f"again (`dj-elastic merge --output {url} --overwrite`)"
-    ]
+    return None if info is None else Stamp(info.size, info.etag).record()
 
 
 @dataclass

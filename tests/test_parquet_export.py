@@ -91,6 +91,20 @@ def test_a_tampered_parquet_output_is_refused_and_nothing_is_put_in_place(tmp_pa
     assert sorted(os.listdir(tmp_path)) == ["ds", "job"]
 
 
+def test_verify_checks_a_local_parquet_file_by_its_stamp(tmp_path: Path, job: JobDir) -> None:
+    _finish(job)
+    out = tmp_path / "out.parquet"
+    merge(job, str(out), log=lambda *_: None)
+    assert verify(job).problems == []  # merge.json holds no sha256 of a Parquet file: its size, mtime and inode
+    other = tmp_path / "other.parquet"
+    other.write_bytes(out.read_bytes()[:-5] + b"xPAR1")  # same size, other bytes, put in place as a new file
+    other.replace(out)
+    (problem,) = verify(job).problems
+    assert all(s in problem for s in (str(out), "merge.json", "ino", "--overwrite")), problem
+    out.unlink()
+    assert f"{out}: is gone" in verify(job).problems[0]
+
+
 def test_without_parquet_outputs_a_parquet_export_says_how_to_get_one(tmp_path: Path, job: JobDir) -> None:
     for spec in job.manifest().shards:
         fake_done(job, spec.id)

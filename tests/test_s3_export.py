@@ -202,6 +202,19 @@ def test_verify_re_reads_an_s3_folder_against_its_success(tmp_path: Path, client
     assert _verify_cli(job, server).returncode == 2
 
 
+def test_verify_refuses_an_s3_folder_that_holds_another_jobs_export(tmp_path: Path, client) -> None:
+    job, other = _job(tmp_path / "a"), _job(tmp_path / "b", rows=60, width=10)
+    url = f"s3://{BUCKET}/verify/replaced"
+    merge(job, f"{url}/", log=_quiet)
+    assert verify(job).problems == []
+    merge(other, f"{url}/", overwrite=True, log=_quiet)  # another job's export, complete and self-consistent
+    assert verify(other).ok
+    (problem,) = _problems(job, f"{url}/{SUCCESS}", "merge.json", "ETag", f"--output {url}/ --overwrite")
+    assert "is not the one merge.json recorded" in problem, problem
+    merge(job, f"{url}/", overwrite=True, log=_quiet)  # what the line says to do
+    assert verify(job).ok
+
+
 def test_verify_checks_one_s3_object_against_merge_json(tmp_path: Path, client, server: dict[str, str]) -> None:
     job = _job(tmp_path)
     url = f"s3://{BUCKET}/verify/one.jsonl"
