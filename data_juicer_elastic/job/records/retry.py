@@ -11,7 +11,6 @@ a wrong number would hand a shard more, or fewer, retries than the policy says.
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -26,7 +25,7 @@ from data_juicer_elastic.job.records._read import MISSING, int_or, load_object
 from data_juicer_elastic.job.records.attempt import load_attempt
 from data_juicer_elastic.job.records.done import is_done, load_done
 from data_juicer_elastic.job.records.failed import is_failed
-from data_juicer_elastic.job.records.workers import WorkerRecord, read_small
+from data_juicer_elastic.job.records.workers import WorkerRecord, read_key
 from data_juicer_elastic.storage.files import dumps_json
 
 
@@ -53,15 +52,12 @@ class Archived:
 
 def read_requeued(job: JobDir) -> tuple[list[Archived], dict[str, int]]:
     """(done records archived by retry; requeued shard -> the attempt after which it starts again)."""
-    try:
-        names = os.listdir(job.retry_dir)
-    except FileNotFoundError:
-        return [], {}
+    folder = job.key(job.retry_dir)
     archived, found = [], {}
-    for name in names:
-        if not name.endswith(".json") or name.startswith("."):
+    for name in job.store.names(folder):  # a missing folder has none
+        if not name.endswith(".json"):
             continue
-        data = read_small(job.retry_dir / name)
+        data = read_key(job.store, f"{folder}/{name}")
         try:
             raw = orjson.loads(data) if data else {}
             after = raw.get("after_attempt", 0)

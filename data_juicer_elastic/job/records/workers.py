@@ -28,6 +28,7 @@ import orjson
 
 from data_juicer_elastic.job.records._read import int_or, number_or_none, read_bytes
 from data_juicer_elastic.storage.files import temp_name
+from data_juicer_elastic.storage.posix import PosixStore
 
 RATES_KEPT = 16  # per-shard rates (input bytes per second) a record keeps, newest last
 
@@ -60,6 +61,16 @@ def read_small(path: Path) -> bytes | None:
         return read_bytes(path, os.O_NOFOLLOW)
     except OSError:
         return None
+
+
+def read_key(store: PosixStore, key: str) -> bytes | None:
+    """``read_small`` on the store: a small key's bytes; None when missing (a link or a folder at its name
+    is none) or unreadable (ESTALE, EACCES)."""
+    try:
+        got = store.read(key)
+    except OSError:
+        return None
+    return got[0] if got else None
 
 
 def replace_small(path: Path, data: bytes, fsync: bool = False) -> None:
@@ -95,9 +106,10 @@ def write_worker(folder: Path, record: WorkerRecord) -> None:
         replace_small(path, record.to_bytes(), fsync=True)
 
 
-def load_worker(path: Path) -> WorkerRecord | None:
-    """A worker record; None when missing or not one (it then adds nothing to the sums)."""
-    data = read_small(path)
+def load_worker(store: PosixStore, key: str) -> WorkerRecord | None:
+    """A worker record; None when missing or not one (a link or a folder at its name, unreadable, not a
+    record: it then adds nothing to the sums)."""
+    data = read_key(store, key)
     try:
         raw = orjson.loads(data) if data else None
     except ValueError:
@@ -128,13 +140,11 @@ def load_worker(path: Path) -> WorkerRecord | None:
 
 
 def read_workers(folder: Path) -> tuple[list[WorkerRecord], int]:
-    """Every readable worker record (one listing of a folder with one file per process), and how many listed
-    records could not be read (ESTALE, a cut read)."""
-    try:
-        names = [n for n in os.listdir(folder) if n.endswith(".json") and not n.startswith(".")]
-    except FileNotFoundError:
-        return [], 0
-    found = [r for r in (load_worker(folder / n) for n in names) if r is not None]
+    """Every readable worker record (one listing of a folder with one file per process; a missing folder
+    has none), and how many listed records could not be read (ESTALE, a cut read, not a record)."""
+    store = PosixStore(folder)  # keys are file names: the callers name the folder by path
+    names = [n for n in store.names("") if n.endswith(".json")]
+    found = [r for r in (load_worker(store, n) for n in names) if r is not None]
     return found, len(names) - len(found)
 
 
