@@ -22,7 +22,7 @@ PACKAGE = "data_juicer_elastic"
 
 # module -> the functions that read or write their records through the store only
 ON_STORE = {
-    f"{PACKAGE}.job.records.workers": {"load_worker", "read_workers"},
+    f"{PACKAGE}.job.records.workers": {"write_worker", "load_worker", "read_workers"},
     f"{PACKAGE}.job.records.retry": {"read_requeued"},
     f"{PACKAGE}.job.layout": {"done_ids", "failed_ids", "_record_ids", "generation_ids"},
     f"{PACKAGE}.job.claims": {"latest_attempts"},
