@@ -13,7 +13,7 @@ import os
 
 from data_juicer_elastic.job.claims import ClaimStore
 from data_juicer_elastic.job.layout import JobDir
-from data_juicer_elastic.job.records.retry import read_requeued
+from data_juicer_elastic.job.records.retry import read_requeued, retry_base
 from data_juicer_elastic.job.records.workers import WorkerLedger, WorkerRecord, read_workers, write_worker
 from tests.jobs import make_job
 from tests.test_layers import PATH_READS, module_sources
@@ -23,12 +23,12 @@ PACKAGE = "data_juicer_elastic"
 # module -> the functions that read or write their records through the store only
 ON_STORE = {
     f"{PACKAGE}.job.records.workers": {"write_worker", "load_worker", "read_workers"},
-    f"{PACKAGE}.job.records.retry": {"read_requeued"},
+    f"{PACKAGE}.job.records.retry": {"read_requeued", "retry_base", "_archived_so_far"},
     f"{PACKAGE}.job.layout": {"done_ids", "failed_ids", "_record_ids", "generation_ids"},
     f"{PACKAGE}.job.claims": {"latest_attempts"},
 }
 # by path: the reads test_layers names, and the path helpers these functions used before
-BY_PATH = PATH_READS | {"read_small", "replace_small", "mkdir", "open", "rename", "replace_file"}
+BY_PATH = PATH_READS | {"read_small", "replace_small", "load_object", "mkdir", "open", "rename", "replace_file"}
 
 
 def calls_in(source: str, functions: set[str]) -> list[tuple[str, str]]:
@@ -107,3 +107,17 @@ def test_a_retry_record_that_is_not_one_is_read_as_before(tmp_path):
     archived, requeued = read_requeued(job)
     assert requeued == {"part-00000-of-00002": 2, "part-00001-of-00002": 0}
     assert [(a.shard, a.attempt, a.worker, a.rows) for a in archived] == [("part-00000-of-00002", 1, "w", 2)]
+
+
+def test_a_link_at_a_retry_record_is_no_record(tmp_path):
+    """The failure count's base: a link planted at the record's name is not followed (it read its target)."""
+    job = make_job(tmp_path / "job", rows=4, shards=2)
+    sid = "part-00000-of-00002"
+    job.retry_dir.mkdir(parents=True, exist_ok=True)
+    target = tmp_path / "elsewhere.json"
+    target.write_bytes(b'{"after_attempt": 5}')
+    os.symlink(target, job.retry_path(sid))
+    assert retry_base(job, sid) == 0
+    os.unlink(job.retry_path(sid))
+    job.retry_path(sid).write_bytes(b'{"after_attempt": 5}')
+    assert retry_base(job, sid) == 5

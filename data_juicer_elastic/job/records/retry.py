@@ -21,7 +21,7 @@ import orjson
 from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.job.claims import claim_store
 from data_juicer_elastic.job.layout import JobDir
-from data_juicer_elastic.job.records._read import MISSING, int_or, load_object
+from data_juicer_elastic.job.records._read import MISSING, int_or, load_key
 from data_juicer_elastic.job.records.attempt import load_attempt
 from data_juicer_elastic.job.records.done import is_done, load_done
 from data_juicer_elastic.job.records.failed import is_failed
@@ -138,7 +138,7 @@ def retry_base(job: JobDir, shard: str) -> int:
     """The last attempt that no longer counts (0 without a retry record). Raises IntegrityError."""
     path = job.retry_path(shard)
     try:
-        raw = load_object(path)
+        raw = load_key(job.store, job.key(path))  # a link at its name is no record
     except (OSError, ValueError):
         raw = None
     if raw is MISSING:
@@ -155,7 +155,7 @@ def retry_base(job: JobDir, shard: str) -> int:
 def _archived_so_far(job: JobDir, shard: str) -> tuple[dict, ...]:
     """The publishers the shard's earlier retry record names (its archived done records)."""
     try:
-        raw = load_object(job.retry_path(shard))
+        raw = load_key(job.store, job.key(job.retry_path(shard)))
     except (OSError, ValueError):
         return ()
     found = raw.get("archived") if isinstance(raw, dict) else None
