@@ -98,11 +98,12 @@ def replace_small(path: Path, data: bytes, fsync: bool = False) -> None:
 
 
 def write_worker(folder: Path, record: WorkerRecord) -> None:
-    """Replace the record whole, through a store on its folder (the callers name the folder by path; a
-    record's key is its file name). Fsynced before the rename, the folder not (``durable=False``, as
-    ``replace_small`` wrote it: a crash of the file server may bring back an older version, never a cut
-    one). A missing folder (a job dir made before worker records) is made by the first write."""
-    PosixStore(folder).replace(f"{record.worker}.json", record.to_bytes(), durable=False)
+    """Replace the record whole, through a store on its folder's parent (the callers name the folder by
+    path; a listing of a store's root would name ``folder/``, which the call counters take for another
+    folder). Fsynced before the rename, the folder not (``durable=False``, as ``replace_small`` wrote it: a
+    crash of the file server may bring back an older version, never a cut one). A missing folder (a job
+    dir made before worker records) is made by the first write."""
+    PosixStore(folder.parent).replace(f"{folder.name}/{record.worker}.json", record.to_bytes(), durable=False)
 
 
 def load_worker(store: PosixStore, key: str) -> WorkerRecord | None:
@@ -141,9 +142,9 @@ def load_worker(store: PosixStore, key: str) -> WorkerRecord | None:
 def read_workers(folder: Path) -> tuple[list[WorkerRecord], int]:
     """Every readable worker record (one listing of a folder with one file per process; a missing folder
     has none), and how many listed records could not be read (ESTALE, a cut read, not a record)."""
-    store = PosixStore(folder)  # as ``write_worker``: keys are file names
-    names = [n for n in store.names("") if n.endswith(".json")]
-    found = [r for r in (load_worker(store, n) for n in names) if r is not None]
+    store = PosixStore(folder.parent)  # as ``write_worker``: a store on the folder's parent, keys below its name
+    names = [n for n in store.names(folder.name) if n.endswith(".json")]
+    found = [r for r in (load_worker(store, f"{folder.name}/{n}") for n in names) if r is not None]
     return found, len(names) - len(found)
 
 
