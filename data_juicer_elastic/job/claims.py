@@ -143,8 +143,8 @@ class ClaimStore:
         return self.store.now()
 
     def latest_attempts(self) -> dict[str, int]:
-        """Highest attempt number per shard, from one directory listing."""
-        return latest_of(os.listdir(self.job.claims_dir))
+        """Highest attempt number per shard, from one listing of names (a missing folder has none)."""
+        return latest_of(self.store.names(self.job.key(self.job.claims_dir)))
 
     def latest_attempt(self, shard: str, start: int = 0) -> int:
         """The shard's highest attempt number, by probing leases upward from ``start`` (no listing).

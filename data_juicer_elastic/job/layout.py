@@ -76,10 +76,6 @@ def attempt_name(attempt: int) -> str:
     return f"{attempt:04d}"
 
 
-def _record_ids(folder: Path) -> set[str]:
-    return {n[:-5] for n in os.listdir(folder) if n.endswith(".json") and not n.startswith(".")}
-
-
 def confine(root: Path, rel: str, what: str = "path") -> Path:
     """Resolve ``rel`` inside ``root``; refuse absolute paths, ``..`` and symlink escapes."""
     if not isinstance(rel, str) or not rel or os.path.isabs(rel) or ".." in Path(rel).parts:
@@ -179,9 +175,7 @@ class JobDir:
 
     def generation_ids(self) -> list[str]:
         """Every generation of this job, oldest first."""
-        if not self.generations_dir.is_dir():
-            return []
-        gens = [g for g in os.listdir(self.generations_dir) if GENERATION_RE.match(g)]
+        gens = [g for g in self.store.names(GENERATIONS) if GENERATION_RE.match(g)]  # a missing folder has none
         return sorted(gens, key=lambda g: (self._generation_record(g).created_at, g))
 
     def _generation_record(self, gen: str) -> Generation:
@@ -305,12 +299,16 @@ class JobDir:
         return self.key(self.failed_path(sid))
 
     def done_ids(self) -> set[str]:
-        """Shards with a done record (one directory listing)."""
-        return _record_ids(self.done_dir)
+        """Shards with a done record (one listing of names)."""
+        return self._record_ids(self.done_dir)
 
     def failed_ids(self) -> set[str]:
-        """Shards with a terminal failure record (one directory listing)."""
-        return _record_ids(self.failed_dir)
+        """Shards with a terminal failure record (one listing of names)."""
+        return self._record_ids(self.failed_dir)
+
+    def _record_ids(self, folder: Path) -> set[str]:
+        """The ``<id>.json`` names in ``folder`` (``Store.names``: nothing stat'd; a missing folder has none)."""
+        return {n[:-5] for n in self.store.names(self.key(folder)) if n.endswith(".json")}
 
     def retry_path(self, sid: str) -> Path:
         return self.retry_dir / f"{sid}.json"

@@ -11,7 +11,6 @@ a wrong number would hand a shard more, or fewer, retries than the policy says.
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -22,11 +21,11 @@ import orjson
 from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.job.claims import claim_store
 from data_juicer_elastic.job.layout import JobDir
-from data_juicer_elastic.job.records._read import MISSING, int_or, load_object
+from data_juicer_elastic.job.records._read import MISSING, int_or, load_key
 from data_juicer_elastic.job.records.attempt import load_attempt
 from data_juicer_elastic.job.records.done import is_done, load_done
 from data_juicer_elastic.job.records.failed import is_failed
-from data_juicer_elastic.job.records.workers import WorkerRecord, read_small
+from data_juicer_elastic.job.records.workers import WorkerRecord, read_key
 from data_juicer_elastic.storage.files import dumps_json
 
 
@@ -53,15 +52,12 @@ class Archived:
 
 def read_requeued(job: JobDir) -> tuple[list[Archived], dict[str, int]]:
     """(done records archived by retry; requeued shard -> the attempt after which it starts again)."""
-    try:
-        names = os.listdir(job.retry_dir)
-    except FileNotFoundError:
-        return [], {}
+    folder = job.key(job.retry_dir)
     archived, found = [], {}
-    for name in names:
-        if not name.endswith(".json") or name.startswith("."):
+    for name in job.store.names(folder):  # a missing folder has none
+        if not name.endswith(".json"):
             continue
-        data = read_small(job.retry_dir / name)
+        data = read_key(job.store, f"{folder}/{name}")
         try:
             raw = orjson.loads(data) if data else {}
             after = raw.get("after_attempt", 0)
@@ -142,7 +138,7 @@ def retry_base(job: JobDir, shard: str) -> int:
     """The last attempt that no longer counts (0 without a retry record). Raises IntegrityError."""
     path = job.retry_path(shard)
     try:
-        raw = load_object(path)
+        raw = load_key(job.store, job.key(path))  # a link at its name is no record
     except (OSError, ValueError):
         raw = None
     if raw is MISSING:
@@ -159,7 +155,7 @@ def retry_base(job: JobDir, shard: str) -> int:
 def _archived_so_far(job: JobDir, shard: str) -> tuple[dict, ...]:
     """The publishers the shard's earlier retry record names (its archived done records)."""
     try:
-        raw = load_object(job.retry_path(shard))
+        raw = load_key(job.store, job.key(job.retry_path(shard)))
     except (OSError, ValueError):
         return ()
     found = raw.get("archived") if isinstance(raw, dict) else None

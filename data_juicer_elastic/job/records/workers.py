@@ -28,6 +28,7 @@ import orjson
 
 from data_juicer_elastic.job.records._read import int_or, number_or_none, read_bytes
 from data_juicer_elastic.storage.files import temp_name
+from data_juicer_elastic.storage.posix import PosixStore
 
 RATES_KEPT = 16  # per-shard rates (input bytes per second) a record keeps, newest last
 
@@ -62,6 +63,16 @@ def read_small(path: Path) -> bytes | None:
         return None
 
 
+def read_key(store: PosixStore, key: str) -> bytes | None:
+    """``read_small`` on the store: a small key's bytes; None when missing (a link or a folder at its name
+    is none) or unreadable (ESTALE, EACCES)."""
+    try:
+        got = store.read(key)
+    except OSError:
+        return None
+    return got[0] if got else None
+
+
 def replace_small(path: Path, data: bytes, fsync: bool = False) -> None:
     """Replace ``path`` atomically (temp name, rename): readers see the old bytes or the new.
 
@@ -87,17 +98,18 @@ def replace_small(path: Path, data: bytes, fsync: bool = False) -> None:
 
 
 def write_worker(folder: Path, record: WorkerRecord) -> None:
-    path = folder / f"{record.worker}.json"
-    try:
-        replace_small(path, record.to_bytes(), fsync=True)
-    except FileNotFoundError:  # a job dir made before worker records: the folder appears now
-        folder.mkdir(parents=True, exist_ok=True)
-        replace_small(path, record.to_bytes(), fsync=True)
+    """Replace the record whole, through a store on its folder's parent (the callers name the folder by
+    path; a listing of a store's root would name ``folder/``, which the call counters take for another
+    folder). Fsynced before the rename, the folder not (``durable=False``, as ``replace_small`` wrote it: a
+    crash of the file server may bring back an older version, never a cut one). A missing folder (a job
+    dir made before worker records) is made by the first write."""
+    PosixStore(folder.parent).replace(f"{folder.name}/{record.worker}.json", record.to_bytes(), durable=False)
 
 
-def load_worker(path: Path) -> WorkerRecord | None:
-    """A worker record; None when missing or not one (it then adds nothing to the sums)."""
-    data = read_small(path)
+def load_worker(store: PosixStore, key: str) -> WorkerRecord | None:
+    """A worker record; None when missing or not one (a link or a folder at its name, unreadable, not a
+    record: it then adds nothing to the sums)."""
+    data = read_key(store, key)
     try:
         raw = orjson.loads(data) if data else None
     except ValueError:
@@ -128,13 +140,11 @@ def load_worker(path: Path) -> WorkerRecord | None:
 
 
 def read_workers(folder: Path) -> tuple[list[WorkerRecord], int]:
-    """Every readable worker record (one listing of a folder with one file per process), and how many listed
-    records could not be read (ESTALE, a cut read)."""
-    try:
-        names = [n for n in os.listdir(folder) if n.endswith(".json") and not n.startswith(".")]
-    except FileNotFoundError:
-        return [], 0
-    found = [r for r in (load_worker(folder / n) for n in names) if r is not None]
+    """Every readable worker record (one listing of a folder with one file per process; a missing folder
+    has none), and how many listed records could not be read (ESTALE, a cut read, not a record)."""
+    store = PosixStore(folder.parent)  # as ``write_worker``: a store on the folder's parent, keys below its name
+    names = [n for n in store.names(folder.name) if n.endswith(".json")]
+    found = [r for r in (load_worker(store, f"{folder.name}/{n}") for n in names) if r is not None]
     return found, len(names) - len(found)
 
 
