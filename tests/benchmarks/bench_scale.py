@@ -338,6 +338,39 @@ def done_times(job) -> list[float]:
     return sorted(times)
 
 
+def dump_done(job, path: Path, run_dir: Path) -> None:
+    """Each done record's shard, attempt, worker and times, one JSON line each, and for a shard done at a later
+    attempt the records of its earlier ones (how each ended) and the logs of the workers involved: a look
+    after the job dir is gone (``--dump``)."""
+    import orjson
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    workers: set[str] = set()
+    with open(path, "wb") as out:
+        for name in sorted(os.listdir(job.done_dir)):
+            if not name.endswith(".json") or name.startswith("."):
+                continue
+            rec = orjson.loads((job.done_dir / name).read_bytes())
+            keep = {k: rec.get(k) for k in ("shard", "attempt", "worker", "host", "started_at", "finished_at")}
+            if rec["attempt"] > 1:
+                keep["earlier"] = []
+                for n in range(1, rec["attempt"]):
+                    record = job.attempt_dir(rec["shard"], n) / "attempt.json"
+                    earlier = orjson.loads(record.read_bytes()) if record.exists() else None
+                    keep["earlier"].append(earlier)
+                    if earlier:
+                        workers.add(str(earlier.get("host")))
+                workers.add(str(rec.get("host")))
+            out.write(orjson.dumps(keep) + b"\n")
+    logs = path.with_name(path.stem + "-logs")
+    logs.mkdir(parents=True, exist_ok=True)
+    for host in workers:  # sim-node-<i>, whose log is run_dir/w<i>.log
+        index = host.rsplit("-", 1)[-1]
+        log = run_dir / f"w{int(index)}.log" if index.isdigit() else None
+        if log is not None and log.exists():
+            shutil.copy(log, logs / log.name)
+
+
 def tenth_ratio(times: list[float]) -> tuple[float, float, float]:
     """(seconds per shard of the first tenth, of the last tenth, their ratio) from sorted finish times."""
     k = max(len(times) // 10, 2)
@@ -392,6 +425,7 @@ def bench_b12(
     label: str = "B12",
     job_dir: Path | None = None,
     kills: tuple[float, ...] = (0.0, 0.1),
+    dump: Path | None = None,
 ):
     ok = True
     for kill in kills:
@@ -402,6 +436,8 @@ def bench_b12(
         check_done_exactly_once(job)
         merge_and_check(job, tmp / name / "merged.jsonl")
         first, last, ratio = tenth_ratio(done_times(job))
+        if dump:
+            dump_done(job, dump / f"{name}.jsonl", tmp / name)
         print(
             f"{label} {workers} workers, {shards} shards, {'CROWDED' if policy is CROWDED else 'FAST'} policy, "
             f"{'a tenth killed -9 and restarted' if kill else 'no kills'}: "
@@ -413,7 +449,9 @@ def bench_b12(
     return ok
 
 
-def bench_b12s(tmp: Path, shards: int, workers: int, timeout: float, kills: tuple[float, ...]) -> bool | None:
+def bench_b12s(
+    tmp: Path, shards: int, workers: int, timeout: float, kills: tuple[float, ...], dump: Path | None = None
+) -> bool | None:
     from tests.chaos.sshfs import SshfsPair
 
     pair = SshfsPair(tmp / "sshfs")
@@ -423,7 +461,7 @@ def bench_b12s(tmp: Path, shards: int, workers: int, timeout: float, kills: tupl
         return None
     pair.start()
     try:
-        return bench_b12(tmp, shards, workers, timeout, "B12s", job_dir=pair.mounts[0], kills=kills)
+        return bench_b12(tmp, shards, workers, timeout, "B12s", job_dir=pair.mounts[0], kills=kills, dump=dump)
     finally:
         pair.stop()
 
@@ -444,6 +482,7 @@ def main() -> int:
         default=(0.0, 0.1),
         help="B12's runs: the fraction of workers killed -9 and restarted in each (default 0,0.1)",
     )
+    ap.add_argument("--dump", type=Path, help="B12/B12s: write each run's done records (times, attempts) here")
     ap.add_argument("--skip", default="", help="comma-separated: b10,b11,b12,b12s")
     a = ap.parse_args()
     if not shutil.which("strace"):
@@ -460,9 +499,9 @@ def main() -> int:
         if "b11" not in skip:
             ok &= bench_b11(tmp, [int(x) for x in a.b11_shards.split(",")])
         if "b12" not in skip:
-            ok &= bench_b12(tmp, a.b12_shards, a.b12_workers, a.timeout, kills=a.b12_kills)
+            ok &= bench_b12(tmp, a.b12_shards, a.b12_workers, a.timeout, kills=a.b12_kills, dump=a.dump)
         if "b12s" not in skip:
-            ok &= bench_b12s(tmp, a.b12s_shards, a.b12s_workers, a.timeout, a.b12_kills) is not False
+            ok &= bench_b12s(tmp, a.b12s_shards, a.b12s_workers, a.timeout, a.b12_kills, a.dump) is not False
     print("PASS" if ok else "MISS", flush=True)
     return 0 if ok else 1
 
