@@ -2,19 +2,26 @@
 
 A worker starts in lane ``crc32(host:pid) % L`` and walks it in manifest
 order: a shard whose first lease (``<shard>@0001``) is missing has never been
-claimed; the worker creates that lease O_EXCL. Each lane has a best-effort
-hint, ``state/lanes/<k>``: the index of the next shard nobody has claimed, as
-far as the last writer knew. A newcomer starts from the hint instead of the
-lane's start; a stale hint only costs a few probes (one ``stat`` each). A
-lane found exhausted is remembered in memory and its hint set to its end.
-Then, or when it loses a create (another worker walks the same shards), the
-worker moves to the lane with the most shards left and starts inside that
-remainder, so two workers never walk one stretch in step: each would lose a
-create per shard the other won (over sshfs the last tenth of a job took
-twice the first, workers piling up in the last lanes).
-Shards that come back (a dead worker's, a released
-lease, ``dj-elastic retry``) are not fresh: the sweep (``worker.sweep``)
-finds them from the worker records.
+claimed; the worker creates that lease O_EXCL. Two best-effort files describe
+each lane, both only ever true statements about claimed shards:
+
+- the *hint*, ``state/lanes/<k>``: every shard of the lane before it is claimed
+  (written by the lane's *owner*, the worker walking it from the hint);
+- the *tail*, ``state/lanes/<k>.tail``: every shard from it to the lane's end is
+  claimed (written by a *guest* that walked to the end from a point inside).
+
+``[hint, tail)`` is what may be left. A lane whose hint reached its tail is
+exhausted. A worker whose lane runs out, or that loses a create (another
+worker walks the same shards: following it would cost both a lost create per
+shard the other won), reads hint and tail of a few random lanes and takes the
+one with the most left, starting at a random point of the middle half of that
+remainder as a guest (shards before its start may be unclaimed, so it never
+writes the hint). A guest that reaches the tail lowers it to its own start,
+so the next choices see what it learned; a walker that meets a claimed shard
+re-reads the tail, so it never walks a stretch another walker already
+reported claimed. Shards that come back (a dead worker's, a released lease,
+``dj-elastic retry``) are not fresh: the sweep (``worker.sweep``) finds them
+from the worker records.
 """
 
 from __future__ import annotations
@@ -31,8 +38,7 @@ from data_juicer_elastic.job.records.workers import read_small, replace_small
 MAX_LANES = 64
 MIN_LANE = 16  # shards per lane at least: small jobs have fewer lanes
 HINT_EVERY = 4  # rewrite a lane's hint after this many shards of progress in it
-SPLIT_MIN = 32  # a lane with fewer shards left than this is walked from its hint, not split
-CHOICES = 4  # lanes whose hints a worker reads to pick its next one (the one with the most left wins)
+CHOICES = 4  # lanes a worker reads to pick its next one (the one with the most left wins)
 
 
 def lane_bounds(count: int) -> list[tuple[int, int]]:
@@ -41,34 +47,57 @@ def lane_bounds(count: int) -> list[tuple[int, int]]:
     return [(k * count // lanes, (k + 1) * count // lanes) for k in range(lanes)]
 
 
-def read_hint(job: JobDir, lane: int) -> int | None:
-    data = read_small(job.lanes_dir / str(lane))
+def _read_index(job: JobDir, name: str) -> int | None:
+    data = read_small(job.lanes_dir / name)
     try:
         return int(data) if data else None
     except ValueError:
         return None
 
 
-def write_hint(job: JobDir, lane: int, index: int) -> None:
-    """Best effort: a hint that cannot be written only costs probes later."""
+def _write_index(job: JobDir, name: str, index: int) -> None:
+    """Best effort: a lane file that cannot be written only costs probes later."""
     try:
-        replace_small(job.lanes_dir / str(lane), str(index).encode())
+        replace_small(job.lanes_dir / name, str(index).encode())
     except FileNotFoundError:
         try:
             job.lanes_dir.mkdir(parents=True, exist_ok=True)
-            replace_small(job.lanes_dir / str(lane), str(index).encode())
+            replace_small(job.lanes_dir / name, str(index).encode())
         except OSError:
             pass
     except OSError:
         pass
 
 
+def read_hint(job: JobDir, lane: int) -> int | None:
+    return _read_index(job, str(lane))
+
+
+def write_hint(job: JobDir, lane: int, index: int) -> None:
+    _write_index(job, str(lane), index)
+
+
+def read_tail(job: JobDir, lane: int) -> int | None:
+    return _read_index(job, f"{lane}.tail")
+
+
+def write_tail(job: JobDir, lane: int, index: int) -> None:
+    _write_index(job, f"{lane}.tail", index)
+
+
+def lane_state(job: JobDir, bounds: tuple[int, int], lane: int) -> tuple[int, int]:
+    """(hint, tail) of a lane, each clamped to its bounds; a missing file says nothing (start, end)."""
+    lo, hi = bounds
+    hint, tail = read_hint(job, lane), read_tail(job, lane)
+    return max(lo, min(hint if hint is not None else lo, hi)), max(lo, min(tail if tail is not None else hi, hi))
+
+
 def fresh_left(job: JobDir, count: int) -> int:
-    """Shards not yet claimed from the lanes, as the hints say (an upper bound: hints lag)."""
+    """Shards not yet claimed from the lanes, as hints and tails say (an upper bound: both lag)."""
     left = 0
-    for k, (lo, hi) in enumerate(lane_bounds(count)):
-        hint = read_hint(job, k)
-        left += hi - max(lo, min(hint if hint is not None else lo, hi))
+    for k, bounds in enumerate(lane_bounds(count)):
+        hint, tail = lane_state(job, bounds, k)
+        left += max(tail - hint, 0)
     return left
 
 
@@ -77,54 +106,48 @@ def probed_fresh_left(job: JobDir, store: ClaimStore, order: list[str]) -> int:
 
     A hint can lag, or go back (a paused worker writing an old position after another wrote the lane's
     end): the shard it names was claimed already. Then the lane is walked on to its first unclaimed shard
-    (one ``stat`` a shard, each paid once: the corrected hint is written back), so a stale hint never keeps
-    the count of fresh shards above zero for good. The sweep asks for it only where the hints are all that
-    stands between a quiet job and its listing fallback.
+    or its tail (one ``stat`` a shard, each paid once: the corrected hint is written back), so a stale hint
+    never keeps the count of fresh shards above zero for good. The sweep asks for it only where the hints
+    are all that stands between a quiet job and its listing fallback.
     """
     left = 0
-    for k, (lo, hi) in enumerate(lane_bounds(len(order))):
-        hint = read_hint(job, k)
-        first = start = max(lo, min(hint if hint is not None else lo, hi))
-        while first < hi and os.path.lexists(store.lease_path(order[first], 1)):
+    for k, bounds in enumerate(lane_bounds(len(order))):
+        hint, tail = lane_state(job, bounds, k)
+        first = hint
+        while first < tail and os.path.lexists(store.lease_path(order[first], 1)):
             first += 1
-        if first != start:
+        if first >= tail:
+            first = bounds[1]  # all claimed: the hint says so for every later reader
+        if first != hint:
             write_hint(job, k, first)
-        left += hi - first
+        left += max(tail - first, 0)
     return left
 
 
 @dataclass
 class Walk:
-    """One stretch of one lane this worker walks forward: [cursor, end)."""
+    """One walk through one lane: an owner up from the hint, a guest down from the tail."""
 
     lane: int
-    start: int
-    cursor: int
-    end: int
-    owner: bool  # started at the lane's hint: all before its cursor is claimed, so it moves the hint
+    cursor: int  # the next index to look at (owner) or the last one looked at (guest)
+    owner: bool
+    marked: int  # the cursor value last written to the walker's own marker
+    other: int  # the other end's marker as last read: the owner stops at the tail, the guest at the hint
+    in_claimed: bool = False  # the last probe met a claimed shard (the other marker was re-read there)
 
 
 class Lanes:
-    """One worker's walk through the lanes.
-
-    It starts at its own lane's hint. When that lane runs out, or it loses a create there (another worker
-    walks the same shards: following it would cost both a lost create per shard), it reads every lane's
-    hint and takes the lane with the most shards left, starting at a random point of that remainder: a
-    guest there, which leaves the lane's owner its part and never writes the hint (shards before its
-    start may be unclaimed). A guest that reached its end knows ``[start, end)`` is claimed
-    (``known_claimed``); an owner that reaches that point has exhausted the lane.
-    """
+    """One worker's walks through the lanes (see the module's docstring)."""
 
     def __init__(self, job: JobDir, store: ClaimStore, order: list[str], seed: int) -> None:
         self.job, self.store, self.order = job, store, order
         self.bounds = lane_bounds(len(order))
         self.done: set[int] = set()  # lanes found exhausted
-        self.known_claimed: dict[int, int] = {}  # lane -> index from which this worker saw every shard claimed
         self.walk: Walk | None = None
         self._rng = random.Random(seed)
         self._first: int | None = seed % len(self.bounds)  # the lane it starts in, until it starts
         self._avoid: int | None = None  # the lane of the last lost create: another worker walks it
-        self._hinted = 0  # the cursor value last written as the walked lane's hint
+        self._seen: dict[int, tuple[int, int]] = {}  # lane -> (hint, tail) this worker last read there
 
     @property
     def exhausted(self) -> bool:
@@ -135,69 +158,88 @@ class Lanes:
         while not self.exhausted:
             if self.walk is None:
                 self.walk = self._choose()
+                if self.walk is None:
+                    continue
             lease = self._step(self.walk)
             if lease is not None:
                 return lease
         return None
 
-    def _end_of(self, k: int) -> int:
-        return self.known_claimed.get(k, self.bounds[k][1])
+    def _state(self, k: int) -> tuple[int, int]:
+        """(hint, tail) of lane ``k``; a lane whose hint reached its tail is done."""
+        hint, tail = lane_state(self.job, self.bounds[k], k)
+        if hint >= tail:
+            self.done.add(k)
+        return hint, tail
 
-    def _hint(self, k: int) -> int:
-        lo, hi = self.bounds[k]
-        hint = read_hint(self.job, k)
-        return max(lo, min(hint if hint is not None else lo, hi))
-
-    def _choose(self) -> Walk:
-        """The next stretch: this worker's own lane first, then the lane with the most left (by the hints)."""
+    def _choose(self) -> Walk | None:
+        """The next walk: this worker's own lane first, then, of a few random lanes, the one with the most left,
+        as its owner or its guest, whichever marker stood still since this worker last read it (the role nobody
+        plays now). None when every sampled lane turned out exhausted (the caller samples again, or ends)."""
         if self._first is not None:
             k, self._first = self._first, None
-            return self._owner(k, self._hint(k))
+            hint, tail = self._state(k)
+            return None if k in self.done else Walk(k, hint, owner=True, marked=hint, other=tail)
         open_lanes = [k for k in range(len(self.bounds)) if k not in self.done]
         others = [k for k in open_lanes if k != self._avoid] or open_lanes
         self._avoid = None
-        sample = self._rng.sample(others, min(CHOICES, len(others)))  # a few hint reads, never all L
-        hints = {k: self._hint(k) for k in sample}
-        left = {k: max(self._end_of(k) - hints[k], 0) for k in sample}
-        k = max(sample, key=lambda j: left[j])
-        if left[k] >= SPLIT_MIN:
-            start = hints[k] + int(left[k] * self._rng.uniform(0.25, 0.75))
-            return Walk(k, start, start, self._end_of(k), owner=False)
-        return self._owner(k, hints[k])
-
-    def _owner(self, k: int, hint: int) -> Walk:
-        self._hinted = hint
-        return Walk(k, hint, hint, self._end_of(k), owner=True)
+        sample = self._rng.sample(others, min(CHOICES, len(others)))  # a few reads, never all L
+        state = {k: self._state(k) for k in sample}
+        live = sorted((k for k in sample if k not in self.done), key=lambda j: state[j][0] - state[j][1])
+        if not live:
+            return None
+        best = None
+        for k in live:  # the most left first
+            hint, tail = state[k]
+            seen = self._seen.get(k)
+            if tail == self.bounds[k][1] or (seen is not None and seen[1] == tail):
+                best = best or Walk(k, tail, owner=False, marked=tail, other=hint)  # no guest walks down from its tail
+            elif seen is not None and seen[0] == hint:
+                best = best or Walk(k, hint, owner=True, marked=hint, other=tail)  # no owner walks up from its hint
+        self._seen.update((k, state[k]) for k in live)
+        if best is None:  # both roles taken in every sampled lane: be a second guest where most is left
+            k = live[0]
+            best = Walk(k, state[k][1], owner=False, marked=state[k][1], other=state[k][0])
+        return best
 
     def _step(self, walk: Walk) -> Lease | None:
-        """Claim the next unclaimed shard of ``walk``; None when the stretch ended (``self.walk`` cleared)."""
-        while walk.cursor < walk.end:
-            sid = self.order[walk.cursor]
+        """Claim the next unclaimed shard of ``walk``; None when the walk ended (``self.walk`` cleared)."""
+        while True:
+            index = walk.cursor if walk.owner else walk.cursor - 1
+            if (walk.owner and index >= walk.other) or (not walk.owner and index < walk.other):
+                return self._exhaust(walk)  # met the other end: everything between was claimed
+            sid = self.order[index]
             if os.path.lexists(self.store.lease_path(sid, 1)):  # claimed before: not fresh
-                walk.cursor += 1
+                if not walk.in_claimed:  # the first claimed shard of a run: read both ends again
+                    walk.in_claimed = True
+                    hint, tail = lane_state(self.job, self.bounds[walk.lane], walk.lane)
+                    if walk.owner:  # skip what another owner reported claimed; stop where the guests are
+                        walk.cursor, walk.other = max(walk.cursor, hint), tail
+                    else:
+                        walk.other = hint
+                    continue
+                walk.cursor += 1 if walk.owner else -1
                 continue
+            walk.in_claimed = False
             retry_base(self.job, sid)  # a retry record planted for a shard never run is refused, not run
             lease = self.store.try_claim(sid, 0)
-            walk.cursor += 1
-            if lease is None:  # another worker walks here: leave it this stretch
-                self._leave(walk, lost=True)
+            walk.cursor += 1 if walk.owner else -1
+            if lease is None:  # another worker walks here: leave it this lane
+                self._mark(walk, walk.cursor)
+                self.walk, self._avoid = None, walk.lane
                 return None
-            if walk.owner and walk.cursor - self._hinted >= HINT_EVERY:
-                write_hint(self.job, walk.lane, walk.cursor)
-                self._hinted = walk.cursor
+            if abs(walk.cursor - walk.marked) >= HINT_EVERY:
+                self._mark(walk, walk.cursor)
             return lease
-        self._leave(walk, lost=False)
-        return None
 
-    def _leave(self, walk: Walk, lost: bool) -> None:
+    def _mark(self, walk: Walk, index: int) -> None:
+        """Write the walker's own marker: everything it walked is claimed."""
+        if index != walk.marked:
+            (write_hint if walk.owner else write_tail)(self.job, walk.lane, index)
+            walk.marked = index
+
+    def _exhaust(self, walk: Walk) -> None:
+        lo, hi = self.bounds[walk.lane]
+        self._mark(walk, hi if walk.owner else lo)
+        self.done.add(walk.lane)
         self.walk = None
-        if lost:
-            self._avoid = walk.lane
-            if walk.owner and walk.cursor > self._hinted:  # all it walked is claimed, the lost shard too
-                write_hint(self.job, walk.lane, walk.cursor)
-            return
-        if walk.owner:  # from the hint to the end of what is known claimed: the lane is exhausted
-            write_hint(self.job, walk.lane, self.bounds[walk.lane][1])
-            self.done.add(walk.lane)
-        else:
-            self.known_claimed[walk.lane] = walk.start
