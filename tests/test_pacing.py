@@ -96,6 +96,45 @@ def test_an_overdue_busy_worker_is_not_counted_on(tmp_path):
         thread.join()
 
 
+def test_slow_workers_deciding_at_the_tail_together_cost_the_job_one_sweep(tmp_path, monkeypatch):
+    """Eight slow workers reach the tail at once, each needing a snapshot built since its last claim: one of
+    them sweeps, the others read its result, and all leave the shards to the faster busy worker. Each one
+    that lost the rebuild used to sweep for itself (eight sweeps here; 256 at the tail of a 256-worker job)."""
+    from data_juicer_elastic.worker import sweep
+
+    job = make_job(tmp_path, rows=40, shards=4)
+    _fast, gate, thread = _busy_fast_worker(job, pace=5.0)
+    sweeps = []
+    real_build = sweep.build
+
+    def counted(*args, **kwargs):
+        sweeps.append(1)
+        return real_build(*args, **kwargs)
+
+    try:
+        slow = [Worker(job.root, copy, host=f"slow-{i}", log=lambda *_: None) for i in range(8)]
+        for w in slow:
+            w.pace.add(60.0)
+        monkeypatch.setattr(sweep, "build", counted)
+        start = threading.Barrier(len(slow))
+        got = []
+
+        def decide(w: Worker) -> None:
+            start.wait()
+            got.append(w.claim_next()[0])
+
+        threads = [threading.Thread(target=decide, args=(w,)) for w in slow]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert got == [None] * 8  # three free shards, all left to the busy worker
+        assert len(sweeps) <= 3  # the tail decision's rebuild, one for a snapshot gone old, one spare
+    finally:
+        gate.set()
+        thread.join()
+
+
 def _only_attempt(job) -> tuple[str, int]:
     [shard_dir] = list(job.attempts_dir.iterdir())
     [attempt] = list(shard_dir.iterdir())

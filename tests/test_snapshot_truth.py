@@ -64,7 +64,7 @@ def test_an_old_complete_snapshot_is_never_taken_at_its_word(tmp_path):
     job = make_job(tmp_path, rows=30, shards=3)
     assert run_worker(job.root, copy, log=_quiet).exit_code == 0
     store = claim_store(job, "next")
-    first = SnapshotCache(job, store, refresh_interval(job)).get(rebuild=True)
+    first = SnapshotCache(job, store, refresh_interval(job)).refresh(newer_than=0.0)
     assert first.complete  # the last submission's snapshot, on disk
     sid = job.manifest().shards[1].id
     requeue(job, [sid])

@@ -108,8 +108,9 @@ class ClaimChooser:
                 return None, True, set()
             if snap.failed:
                 return None, False, set(snap.failed)
-        if snap is not None and self._stale_for_pacing(snap):
-            snap = self.last = self.snapshots.get(rebuild=True)  # a pacing decision: the workers busy now
+        if snap is not None and self._stale_for_pacing(snap):  # a pacing decision: the workers busy now
+            newer = self._claimed_at if self._claimed_at is not None else snap.built_at + 1e-3
+            snap = self.last = self.snapshots.refresh(newer_than=newer, lean=True)
         if not self.lanes.exhausted:
             left = snap.fresh_left + len(snap.claimable) if snap is not None else TAIL_LIMIT + 1
             if left > 0 and self._pacing_matters(snap, left) and not self._my_turn(left, self._busy(snap.live)):

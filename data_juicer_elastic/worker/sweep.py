@@ -308,30 +308,27 @@ class SnapshotCache:
     def locks(self):
         return self.job.state_dir / "progress.d"
 
-    def get(self, fresh: bool = False, rebuild: bool = False) -> Snapshot:
-        """The snapshot; ``fresh`` reads the file again even within the interval; ``rebuild`` sweeps now.
-
-        A tail pacing decision asks for ``rebuild``: it must count on the workers busy now.
-        """
+    def get(self, fresh: bool = False) -> Snapshot:
+        """The snapshot; ``fresh`` reads the file again even within the interval."""
         now = time.monotonic()
-        if self.snap is not None and not (fresh or rebuild) and now - self._read_at < self.interval:
+        if self.snap is not None and not fresh and now - self._read_at < self.interval:
             return self.snap
         self._read_at = now
         snap = self._read()
-        if snap is None or rebuild or now - self._seen[1] >= self.interval:  # nobody rebuilt it for an interval
-            snap = self._rebuild(snap, now, rebuild) or (
-                build(self.job, self.store, snap, rebuild) if rebuild else snap
-            )
+        if snap is None or now - self._seen[1] >= self.interval:  # nobody rebuilt it for an interval
+            snap = self._rebuild(snap, now) or snap
         if snap is None:  # no file and another process is rebuilding it: sweep for ourselves
             snap = build(self.job, self.store)
         self.snap = self._confirmed(snap)
         return self.snap
 
-    def refresh(self, newer_than: float) -> Snapshot:
-        """A snapshot built at or after ``newer_than`` (the shared clock), for a worker woken by a change.
+    def refresh(self, newer_than: float, lean: bool = False) -> Snapshot:
+        """A snapshot built at or after ``newer_than`` (the shared clock), for a worker woken by a change or
+        deciding at the tail (``lean``: it needs the busy workers now, not the lanes' count again).
 
-        One process wins the rebuild; the others read its result, so a wake costs the job one sweep.
-        Nobody's result within an interval (its builder died): this process sweeps for itself.
+        One process wins the rebuild; the others read its result, so a wake, or the tail decisions of hundreds
+        of workers, cost the job one sweep, not one each. Nobody's result within an interval (its builder
+        died): this process sweeps for itself.
         """
         deadline = time.monotonic() + max(self.interval, 1.0)
         while True:
@@ -339,9 +336,9 @@ class SnapshotCache:
             if snap is not None and snap.built_at >= newer_than:
                 self.snap, self._read_at = self._confirmed(snap), time.monotonic()
                 return self.snap
-            built = self._rebuild(snap, time.monotonic())
+            built = self._rebuild(snap, time.monotonic(), lean)
             if built is not None or time.monotonic() >= deadline:
-                snap = built or build(self.job, self.store, snap)
+                snap = built or build(self.job, self.store, snap, lean)
                 self.snap, self._read_at = self._confirmed(snap), time.monotonic()
                 return self.snap
             time.sleep(0.2)
