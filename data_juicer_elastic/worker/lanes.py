@@ -1,27 +1,28 @@
 """Fresh shards without listing: the manifest order split into contiguous lanes.
 
-A worker starts in lane ``crc32(host:pid) % L`` and walks it in manifest
-order: a shard whose first lease (``<shard>@0001``) is missing has never been
-claimed; the worker creates that lease O_EXCL. Two best-effort files describe
-each lane, both only ever true statements about claimed shards:
+Two best-effort files describe each lane, both only ever true statements
+about claimed shards (a shard whose first lease, ``<shard>@0001``, exists):
 
 - the *hint*, ``state/lanes/<k>``: every shard of the lane before it is claimed
-  (written by the lane's *owner*, the worker walking it from the hint);
+  (written by the lane's *owner*, which walks up from it);
 - the *tail*, ``state/lanes/<k>.tail``: every shard from it to the lane's end is
-  claimed (written by a *guest* that walked to the end from a point inside).
+  claimed (written by the lane's *guest*, which walks down to it from the end).
 
-``[hint, tail)`` is what may be left. A lane whose hint reached its tail is
-exhausted. A worker whose lane runs out, or that loses a create (another
-worker walks the same shards: following it would cost both a lost create per
-shard the other won), reads hint and tail of a few random lanes and takes the
-one with the most left, starting at a random point of the middle half of that
-remainder as a guest (shards before its start may be unclaimed, so it never
-writes the hint). A guest that reaches the tail lowers it to its own start,
-so the next choices see what it learned; a walker that meets a claimed shard
-re-reads the tail, so it never walks a stretch another walker already
-reported claimed. Shards that come back (a dead worker's, a released lease,
-``dj-elastic retry``) are not fresh: the sweep (``worker.sweep``) finds them
-from the worker records.
+``[hint, tail)`` is what may be left; a lane whose hint reached its tail is
+exhausted, for any reader, without a probe. A worker starts as the owner of
+lane ``crc32(host:pid) % L``, probing each shard's first lease and creating
+it O_EXCL, and rewrites its marker every few shards. When its lane runs out,
+or it loses a create (another worker walks the same shards: in step, each
+would lose a create per shard the other won), it reads both files of a few
+random lanes and takes the one with the most left, in the role nobody plays
+there: a guest where the tail is still the lane's end or stood still since it
+last looked, an owner where the hint stood still. A walker that meets a
+claimed shard reads both files again, once per run of claimed shards, and
+stops where the other end is. So a lane has at most two walkers that never
+walk in step, and its files say what is left up to a few shards at each end.
+Shards that come back (a dead worker's, a released lease, ``dj-elastic
+retry``) are not fresh: the sweep (``worker.sweep``) finds them from the
+worker records.
 """
 
 from __future__ import annotations
