@@ -153,9 +153,13 @@ class ClaimStore:
         only grow by one, so the first missing number ends the probe.
         """
         n = start
-        while self.store.head(self.key(shard, n + 1)) is not None:  # one lstat each, no clock
+        while self.exists(shard, n + 1):
             n += 1
         return n
+
+    def exists(self, shard: str, attempt: int) -> bool:
+        """Is the lease's name taken (one lstat, no clock; a link there counts, a folder does not)?"""
+        return self.store.head(self.key(shard, attempt)) is not None
 
     def lease_path(self, shard: str, attempt: int) -> Path:
         return self.job.claims_dir / lease_name(shard, attempt)
@@ -268,11 +272,11 @@ class ClaimStore:
         A backup of this very attempt does not fence it: only the attempt after the backup does.
         """
         nxt = lease.attempt + 1
-        if self.store.head(self.key(lease.shard, nxt)) is None:
+        if not self.exists(lease.shard, nxt):
             return True
         if self.backup_of(lease.shard, nxt) != lease.attempt:
             return False
-        return self.store.head(self.key(lease.shard, nxt + 1)) is None
+        return not self.exists(lease.shard, nxt + 1)
 
     def renew(self, lease: Lease) -> bool:
         """One heartbeat by hand (the refresher beats on its own); False once the lease is lost or released."""

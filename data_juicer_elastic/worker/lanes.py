@@ -27,7 +27,6 @@ worker records.
 
 from __future__ import annotations
 
-import os
 import random
 from dataclasses import dataclass
 
@@ -115,7 +114,7 @@ def probed_fresh_left(job: JobDir, store: ClaimStore, order: list[str]) -> int:
     for k, bounds in enumerate(lane_bounds(len(order))):
         hint, tail = lane_state(job, bounds, k)
         first = hint
-        while first < tail and os.path.lexists(store.lease_path(order[first], 1)):
+        while first < tail and store.exists(order[first], 1):
             first += 1
         if first >= tail:
             first = bounds[1]  # all claimed: the hint says so for every later reader
@@ -210,7 +209,7 @@ class Lanes:
             if (walk.owner and index >= walk.other) or (not walk.owner and index < walk.other):
                 return self._exhaust(walk)  # met the other end: everything between was claimed
             sid = self.order[index]
-            if os.path.lexists(self.store.lease_path(sid, 1)):  # claimed before: not fresh
+            if self.store.exists(sid, 1):  # claimed before: not fresh
                 if not walk.in_claimed:  # the first claimed shard of a run: read both ends again
                     walk.in_claimed = True
                     hint, tail = lane_state(self.job, self.bounds[walk.lane], walk.lane)

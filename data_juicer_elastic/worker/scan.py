@@ -209,7 +209,7 @@ class ClaimChooser:
         return None, set()
 
     def _exists(self, sid: str, attempt: int) -> bool:
-        return attempt > 0 and self.store.store.head(self.store.key(sid, attempt)) is not None
+        return attempt > 0 and self.store.exists(sid, attempt)
 
     def _my_turn(self, claimable: int, busy: list[Busy]) -> bool:
         """Tail pacing: False while faster busy workers would finish every claimable shard first."""

@@ -188,7 +188,7 @@ def build(
 
 def _place(store: ClaimStore, snap: Snapshot, sid: str, named: int, now: float) -> None:
     """A shard that is not done: its latest attempt is live (busy) or claimable."""
-    n = named if store.store.head(store.key(sid, named)) is not None else named - 1  # a hole: never created
+    n = named if store.exists(sid, named) else named - 1  # a hole: never created
     n = store.latest_attempt(sid, max(n, 0))
     if n == 0:
         snap.claimable.append((sid, 0))
@@ -267,7 +267,7 @@ def _fallback(job: JobDir, store: ClaimStore, snap: Snapshot, now: float) -> Non
         if sid not in done and sid not in failed:
             _place(store, snap, sid, n, now)
     for sid in job.manifest().shards.ids():  # never claimed and behind every lane's hint (an old job dir's hole)
-        fresh = sid not in done and store.store.head(store.key(sid, 1)) is None
+        fresh = sid not in done and not store.exists(sid, 1)
         if fresh and (sid, 0) not in snap.claimable:
             snap.claimable.append((sid, 0))
 

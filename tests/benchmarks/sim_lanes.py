@@ -82,15 +82,6 @@ def main() -> int:
         order = job.manifest().shards.ids()
         lane_of = {order[i]: k for k, (lo, hi) in enumerate(lanes_mod.lane_bounds(a.shards)) for i in range(lo, hi)}
         tally = Tally(a.shards)
-        lexists = os.path.lexists
-
-        def probe(path) -> bool:
-            found = lexists(path)
-            if str(path).endswith("@0001"):
-                tally.add("probe_claimed" if found else "probe_free")
-            return found
-
-        os.path.lexists = probe  # the walk's probes; nothing else runs in this process
         for name in ("read_hint", "read_tail", "write_hint", "write_tail"):
             setattr(lanes_mod, name, counted(tally, name, getattr(lanes_mod, name)))
 
@@ -105,6 +96,15 @@ def main() -> int:
                 return lease
 
             store.try_claim = claim
+            exists = store.exists
+
+            def probe(sid, attempt):
+                found = exists(sid, attempt)
+                if attempt == 1:
+                    tally.add("probe_claimed" if found else "probe_free")
+                return found
+
+            store.exists = probe
             rng = random.Random(a.seed * 100003 + i)
             walker = lanes_mod.Lanes(job, store, order, rng.getrandbits(32))
             while (lease := walker.claim()) is not None:
@@ -116,7 +116,6 @@ def main() -> int:
             t.start()
         for t in threads:
             t.join()
-        os.path.lexists = lexists
         print(f"{a.workers} walkers, {a.shards} shards, {len(lanes_mod.lane_bounds(a.shards))} lanes")
         print("tenth " + " ".join(f"{c:>13}" for c in COLUMNS) + "  walkers/lane  extra/shard")
         for tenth in range(10):
