@@ -53,7 +53,7 @@ from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.records._read import int_or, number_or_none
 from data_juicer_elastic.job.records.attempt import load_attempt
 from data_juicer_elastic.job.records.retry import Archived, read_requeued, summed_by_records
-from data_juicer_elastic.job.records.workers import WorkerRecord, read_workers
+from data_juicer_elastic.job.records.workers import WorkerRecord, read_key, read_workers
 from data_juicer_elastic.storage.files import create_exclusive
 from data_juicer_elastic.worker.lanes import fresh_left, probed_fresh_left
 
@@ -344,11 +344,8 @@ class SnapshotCache:
             time.sleep(0.2)
 
     def _read(self) -> Snapshot | None:
-        try:
-            got = self.job.store.read(self._progress)
-        except OSError:  # unreadable (an ESTALE, a folder there): as missing, the next look rebuilds it
-            got = None
-        snap = Snapshot.from_bytes(got[0]) if got else None
+        data = read_key(self.job.store, self._progress)  # unreadable reads as missing: the next look rebuilds it
+        snap = Snapshot.from_bytes(data) if data else None
         now = time.monotonic()
         if snap is not None and (self._seen is None or self._seen[0] != snap.seq):
             age = max(self.store.now() - snap.built_at, 0.0) if self._seen is None else 0.0  # first sight
