@@ -25,17 +25,9 @@ def read_bytes(path: Path | str, flags: int = 0) -> bytes:
         os.close(fd)
 
 
-def load_object(path: Path) -> Any:
-    """The parsed JSON at ``path``; ``MISSING`` when there is no file. Raises OSError/ValueError."""
-    try:
-        return orjson.loads(read_bytes(path))
-    except FileNotFoundError:
-        return MISSING
-
-
 def load_key(store: PosixStore, key: str) -> Any:
     """The parsed JSON at ``key`` in ``store``; ``MISSING`` when there is none (a link is none). Raises
-    OSError/ValueError. The records moved onto the Store read through this, the rest by path (``load_object``)."""
+    OSError/ValueError."""
     got = store.read(key)
     return MISSING if got is None else orjson.loads(got[0])
 
