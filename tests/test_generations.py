@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import os
 import shutil
+import time
 from pathlib import Path
 
 import orjson
@@ -82,7 +83,16 @@ def test_hand_started_nodes_merge_once_and_a_rerun_rewrites_nothing(tmp_path):
 
 def test_a_process_whose_recipe_differs_from_its_runs_refuses_to_work(tmp_path):
     c = Cluster(tmp_path, rows=40, shards=4)
-    nodes = [c.start_one("node-0", "--project", "alpha"), c.start_one("node-1", "--project", "beta")]
+    hold = tmp_path / "release"  # the run cannot end before the refusal (else "already ended" is the answer)
+    env = {"DJE_TEST_HOLD": str(hold)}
+    args = ("--runner", "slow_copy", "--project")
+    nodes = [c.start_one("node-0", *args, "alpha", **env), c.start_one("node-1", *args, "beta", **env)]
+    try:
+        deadline = time.monotonic() + 300
+        while all(n.proc.poll() is None for n in nodes) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        hold.touch()
     codes = finish(nodes)
     assert sorted(codes) == [0, 2], [n.output for n in nodes]
     refused = nodes[codes.index(2)]
