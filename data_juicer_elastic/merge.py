@@ -19,7 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from data_juicer_elastic import parquet_out, s3_export
 from data_juicer_elastic.errors import IntegrityError, UserError
@@ -144,10 +144,10 @@ def _verify_shard(job: JobDir, spec: ShardSpec, buf: bytearray | None) -> tuple[
         return ShardCheck(spec.id, False, problem=NOT_DONE), False
     if buf is not None:
         try:
-            d = digest_file(output, buf)
-        except OSError as exc:
-            problem = f"shard {spec.id}: {output} cannot be read ({exc.strerror}); restore it or rerun the shard"
-            return ShardCheck(spec.id, False, record.host, record.rows, problem), True
+            with _open_output(job, spec.id, output) as stream:
+                d = digest_file(stream, buf)
+        except IntegrityError as exc:
+            return ShardCheck(spec.id, False, record.host, record.rows, str(exc)), True
         problem = record.describe_mismatch(output, d.rows, d.bytes, d.sha256, d.ends_with_newline)
         if problem:
             return ShardCheck(spec.id, False, record.host, record.rows, problem), True
@@ -187,7 +187,7 @@ def merge(
         if fmt == PARQUET:
             rows, size, sha = _write_parquet(parts, out, overwrite, bar)
         else:
-            rows, size, sha = _write_merged(records, out, overwrite, bar)
+            rows, size, sha = _write_merged(job, records, out, overwrite, bar)
     except OSError as exc:
         if full := disk_full_in(exc):
             raise no_space_error(out, full, "writing the merged output (nothing was put in place)") from exc
@@ -233,7 +233,7 @@ def _merge_to_s3(
             sha = None
         else:
             with s3_export.open_upload(url, overwrite, total) as upload:
-                rows, _, sha = _copy_all(records, upload, bar)
+                rows, _, sha = _copy_all(job, records, upload, bar)
                 stamp = s3_export.complete(upload, url)
     finally:
         bar.close()
@@ -371,11 +371,13 @@ def _all_done(job: JobDir) -> list[Done]:
     return records
 
 
-def _write_merged(records: list[Done], out: Path, overwrite: bool, bar: ProgressBar) -> tuple[int, int, str]:
+def _write_merged(
+    job: JobDir, records: list[Done], out: Path, overwrite: bool, bar: ProgressBar
+) -> tuple[int, int, str]:
     tmp = temp_name(out)
     try:
         with BulkWriter(tmp) as writer:  # fsyncs on a clean close
-            rows, size, sha = _copy_all(records, writer, bar)
+            rows, size, sha = _copy_all(job, records, writer, bar)
         _put_in_place(tmp, out, overwrite)
     finally:
         unlink_quietly(tmp)
@@ -395,20 +397,21 @@ def _put_in_place(tmp: Path, out: Path, overwrite: bool) -> None:
         raise UserError(f"{out}: already exists; pass --overwrite (or overwrite_output) to replace it") from exc
 
 
-def _copy_all(records: list[Done], writer: BulkWriter, bar: ProgressBar) -> tuple[int, int, str]:
+def _copy_all(job: JobDir, records: list[Done], writer: BulkWriter, bar: ProgressBar) -> tuple[int, int, str]:
     """Copy each output once, checking it against its record; hash the merged bytes in a thread."""
     merged = hashlib.sha256()
     buf = bytearray(BLOCK)
     rows = size = 0
     with ThreadPoolExecutor(1, thread_name_prefix="dje-merge-hash") as hasher:
         for done in records:
-            r, s = _copy_one(done, writer, buf, merged, hasher, lambda n: bar.update(size + n))  # noqa: B023 (called before the loop moves on)
+            r, s = _copy_one(job, done, writer, buf, merged, hasher, lambda n: bar.update(size + n))  # noqa: B023 (called before the loop moves on)
             rows += r
             size += s
     return rows, size, merged.hexdigest()
 
 
 def _copy_one(
+    job: JobDir,
     done: Done,
     writer: BulkWriter,
     buf: bytearray,
@@ -418,13 +421,7 @@ def _copy_one(
 ) -> tuple[int, int]:
     record, path = done
     d = Digester()
-    try:
-        f = open(path, "rb", buffering=0)
-    except OSError as exc:
-        raise IntegrityError(
-            f"shard {record.shard}: {path} cannot be read ({exc.strerror}); restore it or rerun the shard"
-        ) from exc
-    with f:
+    with _open_output(job, record.shard, path) as f:
         for block in blocks(f, buf):
             pending: Future = hasher.submit(merged.update, block)
             d.update(block)
@@ -436,6 +433,18 @@ def _copy_one(
     if problem:
         raise IntegrityError(problem)
     return got.rows, got.bytes
+
+
+def _open_output(job: JobDir, sid: str, path: Path) -> BinaryIO:
+    """An attempt's output, read through the job's store (a file here, an object on S3)."""
+    try:
+        stream = job.store.open_read(job.key(path))
+        if stream is not None:
+            return stream
+        reason = "it is missing"
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+    raise IntegrityError(f"shard {sid}: {path} cannot be read ({reason}); restore it or rerun the shard")
 
 
 def _stamped(out: str | Path, folder: bool) -> str:

@@ -27,6 +27,7 @@ import pytest
 
 from data_juicer_elastic.errors import UserError
 from data_juicer_elastic.storage import probe, s3_upload
+from data_juicer_elastic.storage.blocks import blocks
 from data_juicer_elastic.storage.posix import PosixStore
 from data_juicer_elastic.storage.probe import Capabilities, StoreRefused, check_create_once, probe_store
 from data_juicer_elastic.storage.store import Meta, Store, Ver, normalise_key, store_for
@@ -663,6 +664,22 @@ def test_open_range(store: Store):
     got = [store.open_range("shards/part-00000.jsonl", a, b) for a, b in ranges]
     assert got == [b"0123", b"3456789", b"89", b"", b"", b""]
     assert store.open_range("shards/part-00001.jsonl", 0, 4) is None
+
+
+@pytest.mark.parametrize("size", [0, 1000, 4096 * 3], ids=["empty", "small", "whole-blocks"])
+def test_open_read_streams_the_key_in_blocks(store: Store, tmp_path: Path, size: int):
+    data = local_file(tmp_path / "out.jsonl", size)
+    assert store.upload(OUT, tmp_path / "out.jsonl", create_once=True) is not None
+    stream = store.open_read(OUT)
+    assert stream is not None
+    with stream:
+        got = [bytes(b) for b in blocks(stream, bytearray(4096))]
+    assert b"".join(got) == data and all(len(b) == 4096 for b in got[:-1]) and len(got) == -(-size // 4096)
+    assert store.open_read("attempts/part-00000/0002/output.jsonl") is None
+    if is_posix(store):  # a link or a folder at the key reads as missing, as for ``read``
+        os.symlink(store.path(OUT), store.path(OUT).with_name("link"))  # type: ignore[attr-defined]
+        assert store.open_read("attempts/part-00000/0001/link") is None
+        assert store.open_read("attempts/part-00000") is None
 
 
 def test_posix_upload_onto_its_own_bytes_is_ours(tmp_path: Path):

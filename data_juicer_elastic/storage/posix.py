@@ -24,6 +24,7 @@ import stat
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from data_juicer_elastic.storage.blocks import blocks
 from data_juicer_elastic.storage.files import (
@@ -161,6 +162,13 @@ class PosixStore:
         with os.fdopen(opened[0], "rb") as f:
             f.seek(start)
             return f.read(max(end - start, 0))  # a buffered read: whole, or short where the file ends
+
+    def open_read(self, key: str) -> BinaryIO | None:
+        # open's own fstat refuses a folder: one open and one fstat, as a plain open() of the path costs
+        try:
+            return open(os.path.join(self._root, normalise_key(key)), "rb", buffering=0, opener=_open_no_link)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            return None
 
     def release(self, key: str, ver: Ver | None = None) -> bool:
         path = self.path(key)
@@ -329,6 +337,16 @@ def _read_head(path: Path, known: tuple[Ver, bytes] | None) -> bytes | None:
         return None  # a folder (EISDIR), or a FIFO with no writer
     finally:
         os.close(fd)
+
+
+def _open_no_link(path: str, flags: int) -> int:
+    """``open``'s opener: never through a symbolic link; a link reads as missing."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise FileNotFoundError(errno.ENOENT, "a symbolic link, not followed", path) from None
+        raise
 
 
 def _open_unlinked(path: str, flags: int) -> int | None:

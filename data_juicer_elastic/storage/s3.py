@@ -15,12 +15,13 @@ Credentials, region and endpoint follow boto3's own chain (``AWS_ENDPOINT_URL``,
 
 from __future__ import annotations
 
+import io
 import os
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 
@@ -38,6 +39,26 @@ RETRIES = {"mode": "standard", "max_attempts": 5}  # botocore's own retries of a
 BEATS_KEPT = 1024  # lease bodies remembered for renew (one per lease renewed; a release forgets its own)
 READ_WINDOW_FIRST = 64 << 10  # an input's first ranged GET: a line start is usually found in it
 READ_WINDOW_MAX = 16 << 20  # ... each next one 4x larger, up to this
+
+
+class _Body(io.RawIOBase):
+    """A GET's body as a raw stream: ``readinto`` for ``blocks``; a body cut short raises when read to its end
+    (botocore's ``StreamingBody.read`` checks the length; its raw stream, which ``with body`` hands out, does not)."""
+
+    def __init__(self, body: Any) -> None:
+        self._body = body
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf: Any) -> int:
+        data = self._body.read(len(buf))
+        buf[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self._body.close()
+        super().close()
 
 
 @dataclass(frozen=True)
@@ -172,6 +193,10 @@ class S3Store:
             return None
         with resp["Body"] as body:
             return body.read()
+
+    def open_read(self, key: str) -> BinaryIO | None:
+        resp = self._get_resp(self._full(normalise_key(key)))
+        return None if resp is None else _Body(resp["Body"])  # type: ignore[return-value]
 
     def delete(self, key: str, if_ver: Ver | None = None) -> bool:
         condition = {} if if_ver is None else {"IfMatch": if_ver}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import BinaryIO, Protocol, runtime_checkable
 from urllib.parse import unquote, urlsplit
 
 from data_juicer_elastic.storage.keys import Entry, Meta, Ver, is_internal, normalise_key, normalise_prefix
@@ -108,6 +108,12 @@ class Store(Protocol):
 
     def open_range(self, key: str, start: int, end: int) -> bytes | None:
         """Bytes ``[start, end)`` of ``key``, short where it ends; None when missing (POSIX pread, S3 ranged GET)."""
+        ...
+
+    def open_read(self, key: str) -> BinaryIO | None:
+        """``key`` whole as a stream to read in blocks (``blocks.blocks``), never held in memory; None when
+        missing. POSIX: the file, not following a link; S3: one GET, its body checked for length at its end.
+        For readers of bulk data (merge, verify); close it (a ``with`` block) when done."""
         ...
 
     def delete(self, key: str, if_ver: Ver | None = None) -> bool:
