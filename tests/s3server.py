@@ -7,9 +7,12 @@ let two racing creates both win). Optional WSGI middleware, per server:
 
 * ``strip``: request headers removed before moto sees them (``If-None-Match``
   plays a store that ignores create-once; the probe must refuse it);
-* ``latency_ms`` (or ``DJE_S3_LATENCY_MS``): a pause before each request.
+* ``latency_ms`` (or ``DJE_S3_LATENCY_MS``): a pause before each request;
+* ``forget_completed``: a Complete of an upload already completed answers 404
+  ``NoSuchUpload``, as stores that drop an upload once completed do (moto, like
+  AWS, answers it 200 again), so a resent Complete must be resolved by its ETag.
 
-Run alone: ``python -m tests.s3server [--strip If-None-Match] [--latency-ms N]``
+Run alone: ``python -m tests.s3server [--strip If-None-Match] [--latency-ms N] [--forget-completed]``
 prints ``port N`` once it listens, and exits when its stdin closes (so a
 parent that dies takes it along).
 """
@@ -28,6 +31,7 @@ import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
 ROOT = Path(__file__).resolve().parents[1]
 START_SECS = 60.0  # moto imports a lot; a loaded 2-core machine may take a while
@@ -37,16 +41,39 @@ CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing
 class Middleware:
     """Strips request headers and/or sleeps before each request, then hands it to moto."""
 
-    def __init__(self, app: Callable[..., Iterable[bytes]], strip: Iterable[str] = (), latency_ms: float = 0.0):
+    def __init__(
+        self,
+        app: Callable[..., Iterable[bytes]],
+        strip: Iterable[str] = (),
+        latency_ms: float = 0.0,
+        forget_completed: bool = False,
+    ):
         self.app, self.latency = app, latency_ms / 1000.0
         self.strip = {"HTTP_" + h.upper().replace("-", "_") for h in strip}
+        self.completed: set[str] | None = set() if forget_completed else None
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         for name in self.strip:
             environ.pop(name, None)
         if self.latency:
             time.sleep(self.latency)
-        return self.app(environ, start_response)
+        upload = self._completing(environ)
+        if upload is None:
+            return self.app(environ, start_response)
+        if upload in self.completed:  # type: ignore[operator]
+            start_response("404 Not Found", [("Content-Type", "application/xml")])
+            return [b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>NoSuchUpload</Code></Error>"]
+        statuses: list[str] = []
+        body = list(self.app(environ, lambda status, *a: (statuses.append(status), start_response(status, *a))[1]))
+        if statuses and statuses[0].startswith("200"):
+            self.completed.add(upload)  # type: ignore[union-attr]
+        return body
+
+    def _completing(self, environ: dict[str, Any]) -> str | None:
+        """The upload id of a CompleteMultipartUpload (POST ?uploadId=), when completed uploads are forgotten."""
+        if self.completed is None or environ.get("REQUEST_METHOD") != "POST":
+            return None
+        return parse_qs(environ.get("QUERY_STRING", "")).get("uploadId", [None])[0]
 
 
 def _quiet_handler() -> type:
@@ -60,12 +87,12 @@ def _quiet_handler() -> type:
     return Quiet
 
 
-def serve(strip: Iterable[str], latency_ms: float) -> None:
+def serve(strip: Iterable[str], latency_ms: float, forget_completed: bool = False) -> None:
     """Serve moto on a free port of 127.0.0.1, one request at a time; print the port; stop when stdin closes."""
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
     from werkzeug.serving import make_server
 
-    app = Middleware(DomainDispatcherApplication(create_backend_app), strip, latency_ms)
+    app = Middleware(DomainDispatcherApplication(create_backend_app), strip, latency_ms, forget_completed)
     server = make_server("127.0.0.1", 0, app, threaded=False, request_handler=_quiet_handler())
     threading.Thread(target=_exit_on_eof, daemon=True).start()
     print(f"port {server.server_port}", flush=True)
@@ -78,9 +105,12 @@ def _exit_on_eof() -> None:
 
 
 @contextlib.contextmanager
-def s3_server(bucket: str = "dje-test", strip: Iterable[str] = (), latency_ms: float = 0.0) -> Iterator[dict[str, str]]:
+def s3_server(
+    bucket: str = "dje-test", strip: Iterable[str] = (), latency_ms: float = 0.0, forget_completed: bool = False
+) -> Iterator[dict[str, str]]:
     """Start a server process, create ``bucket``, yield the env a boto3 client needs; kill the process after."""
     cmd = [sys.executable, "-m", "tests.s3server", "--latency-ms", str(latency_ms)]
+    cmd += ["--forget-completed"] if forget_completed else []
     for header in strip:
         cmd += ["--strip", header]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
@@ -151,8 +181,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--strip", action="append", default=[], help="a request header to remove (repeatable)")
     latency = float(os.environ.get("DJE_S3_LATENCY_MS", "0") or 0)
     parser.add_argument("--latency-ms", type=float, default=latency, help="a pause before each request")
+    parser.add_argument("--forget-completed", action="store_true", help="a repeated Complete: NoSuchUpload")
     args = parser.parse_args(argv)
-    serve(args.strip, max(args.latency_ms, latency))
+    serve(args.strip, max(args.latency_ms, latency), args.forget_completed)
 
 
 if __name__ == "__main__":

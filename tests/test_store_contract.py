@@ -822,6 +822,29 @@ def test_s3_upload_resent_after_its_own_success_is_ours(
     assert leftovers(store, OUT) == []
 
 
+@pytest.fixture(scope="module")
+def moto_env_forgets_completed() -> Iterator[dict[str, str]]:
+    """A server that answers a repeated Complete of one upload NoSuchUpload (as stores that drop it may)."""
+    with s3_server(BUCKET, forget_completed=True) as env:
+        yield env
+
+
+def test_s3_complete_resent_to_a_store_that_forgot_the_upload_is_ours_by_its_etag(
+    moto_env_forgets_completed: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, small_parts: None
+):
+    """The Complete landed, its reply was lost; the resend gets NoSuchUpload: the object's ETag is the one our
+    parts make (``MultipartWrite._ours_after_resend``), so the upload is ours, not refused."""
+    store = s3_store(monkeypatch, moto_env_forgets_completed)
+    data = local_file(tmp_path / "out.jsonl", SIZES["multipart"])
+    sends = force_one_resend(store, "CompleteMultipartUpload")
+    meta = store.upload(OUT, tmp_path / "out.jsonl", create_once=True)
+    assert sends[:2] == [1, 2]
+    head = store.head(OUT)
+    assert meta is not None and head is not None and meta.ver == head.ver and meta.size == len(data)
+    assert store.download(OUT, tmp_path / "back") is not None and (tmp_path / "back").read_bytes() == data
+    assert leftovers(store, OUT) == []
+
+
 def test_s3_upload_resent_onto_a_foreign_key_loses(
     moto_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ):
