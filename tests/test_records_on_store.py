@@ -1,9 +1,9 @@
 """The job's small records read and written through its store (docs/OBJECT_STORE.md section 6, steps 3 and 5).
 
-The worker records, the retry records' reader, the done and failed listings and the claims listing go
-through ``Store`` calls (``names``, ``read``, ``replace``), so they serve an S3 job dir once it has one. A
-listing of a missing folder has no names there, as S3 has no folders: ``done_ids``, ``failed_ids`` and
-``latest_attempts`` used to raise FileNotFoundError.
+The worker records, the retry records' reader, the lane hints and tails, the done and failed listings and
+the claims listing go through ``Store`` calls (``names``, ``read``, ``replace``), so they serve an S3 job
+dir once it has one. A listing of a missing folder has no names there, as S3 has no folders: ``done_ids``,
+``failed_ids`` and ``latest_attempts`` used to raise FileNotFoundError.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ ON_STORE = {
     f"{PACKAGE}.job.records.retry": {"read_requeued", "retry_base", "_archived_so_far"},
     f"{PACKAGE}.job.layout": {"done_ids", "failed_ids", "_record_ids", "generation_ids"},
     f"{PACKAGE}.job.claims": {"latest_attempts"},
+    f"{PACKAGE}.worker.lanes": {"_read_index", "_write_index"},
 }
 # by path: the reads test_layers names, and the path helpers these functions used before
 BY_PATH = PATH_READS | {"read_small", "replace_small", "load_object", "mkdir", "open", "rename", "replace_file"}

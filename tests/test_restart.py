@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from data_juicer_elastic.cli import main as cli_main
 from data_juicer_elastic.coordination.rundir import RunDir
@@ -21,6 +20,7 @@ from data_juicer_elastic.job.claims import ClaimStore
 from data_juicer_elastic.status import job_status
 from data_juicer_elastic.storage.files import create_exclusive, dumps_json
 from data_juicer_elastic.storage.host import boot_id, start_time
+from data_juicer_elastic.storage.posix import PosixStore
 
 from .cluster import Cluster, finish
 from .jobs import attempt_outcomes, kill_group, make_job, spawn_worker, wait_for
@@ -113,7 +113,7 @@ def test_restarted_node_wins_its_hosts_claim_loop_again_and_takes_its_lease_over
 
 
 def _stand(root: str, barrier, results, leave) -> None:
-    run = RunDir.at(Path(root), "run", "run-1", "n1")
+    run = RunDir.at(PosixStore(root), "run", "run-1", "n1")
     barrier.wait()
     won, ballot = run.elect("hosts/n1.json", replace_gone=True)
     results.put((os.getpid(), won, ballot.get("pid")))
@@ -121,7 +121,7 @@ def _stand(root: str, barrier, results, leave) -> None:
 
 
 def test_of_several_restarted_processes_exactly_one_replaces_the_dead_ballot(tmp_path):
-    run = RunDir.open(tmp_path, "run", "run-1", "n1")
+    run = RunDir.open(PosixStore(tmp_path), "run", "run-1", "n1")
     dead = {"host": "n1", "pid": _dead_pid(), "at": time.time(), "boot": boot_id()}
     assert run.store.create(run.key("hosts/n1.json"), dumps_json(dead))
     ctx = mp.get_context("fork")
@@ -139,7 +139,7 @@ def test_of_several_restarted_processes_exactly_one_replaces_the_dead_ballot(tmp
     assert len(winners) == 1, got
     assert all(holder == winners[0] for _, _, holder in got), got
     # a ballot of another host is never judged gone, dead pid or not
-    other = RunDir.at(tmp_path, "run", "run-1", "n2")
+    other = RunDir.at(PosixStore(tmp_path), "run", "run-1", "n2")
     assert run.store.create(run.key("hosts/n3.json"), dumps_json({**dead, "host": "n3"}))
     assert other.elect("hosts/n3.json", replace_gone=True) == (False, {**dead, "host": "n3"})
 

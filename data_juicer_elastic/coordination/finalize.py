@@ -53,5 +53,5 @@ def finalize_round(job: JobDir, export_path: str, run_id: str, host: str) -> Run
         prefix = f"{base}/{key}-{n}"
         result = read_outcome(job.store, f"{prefix}/{RESULT}")
         if result is None or result.exit_code == EXIT_OK:
-            return RunDir.open(job.root, prefix, run_id, host)
+            return RunDir.open(job.store, prefix, run_id, host)
         n += 1

@@ -8,7 +8,9 @@ relative to the job root), as an object store will hold it: an election, an
 outcome, the abort and ``run.json`` are ``create``d once (the first writer
 wins and nobody reads a half record), a member record and a succession copy
 are ``replace``d, ages are the store's own clock (``now``, ``head``) and
-members are one ``list``. Folders are made by the store on demand.
+members are one ``list``. Folders are made by the store on demand. A
+``RunDir`` is made from the job's store (``JobDir.store``) and the folder's
+key, so the same records serve a job dir on S3.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from data_juicer_elastic.job.records._read import MISSING, load_key
 from data_juicer_elastic.storage.files import dumps_json
 from data_juicer_elastic.storage.host import holder_gone, identity
 from data_juicer_elastic.storage.posix import PosixStore
+from data_juicer_elastic.storage.store import Store
 
 EXIT_OK, EXIT_FAILED = 0, 2
 
@@ -69,47 +72,52 @@ def run_root(job_dir: str | os.PathLike, run_id: str) -> Path:
 class RunDir:
     """One folder of a run's coordination state (elections, outcomes, abort, members), as keys of a store."""
 
-    store: PosixStore  # the job dir's store, with this process's clock probe in the folder (``at``)
+    store: Store  # the job dir's store; on POSIX with this process's clock probe in the folder (``at``)
     prefix: str  # the folder's key: runs/<run-key>, or generations/<gen>/finalize/<key>-<n>
     run_id: str
     host: str
     pid: int
 
     @classmethod
-    def at(cls, job_root: Path, prefix: str, run_id: str, host: str, pid: int | None = None) -> RunDir:
-        """The folder ``prefix`` of the job dir ``job_root``; touches nothing.
+    def at(cls, store: Store, prefix: str, run_id: str, host: str, pid: int | None = None) -> RunDir:
+        """The folder ``prefix`` of the job dir's ``store``; touches nothing.
 
-        Each process ages ballots by its own clock probe, ``<prefix>/clock/<host>-<pid>``, as it always
-        did: no file is touched by every process of the job.
+        On POSIX each process ages ballots by its own clock probe, ``<prefix>/clock/<host>-<pid>`` (a store
+        on the same root with that clock key), as it always did: no file is touched by every process of the
+        job. A store whose clock is its own (S3: a HEAD's ``Date``) is used as it is.
         """
         pid = os.getpid() if pid is None else pid
-        store = PosixStore(job_root, clock_key=f"{prefix}/clock/{safe_key(host)}-{pid}")
+        if isinstance(store, PosixStore):
+            store = PosixStore(store.root, clock_key=f"{prefix}/clock/{safe_key(host)}-{pid}")
         return cls(store, prefix, run_id, host, pid)
 
     @classmethod
-    def open(cls, job_root: Path, prefix: str, run_id: str, host: str) -> RunDir:
+    def open(cls, store: Store, prefix: str, run_id: str, host: str) -> RunDir:
         """``at``, and ``run.json`` (the run's id and start) created once by whoever comes first."""
-        run = cls.at(job_root, prefix, run_id, host)
+        run = cls.at(store, prefix, run_id, host)
         try:
             run.store.create(run.key("run.json"), dumps_json({"run_id": run_id, "created_at": time.time()}))
         except OSError as exc:
             raise UserError(
-                f"{run.root}: cannot create the run's coordination folder ({exc.strerror or exc}); "
+                f"{run.where()}: cannot create the run's coordination folder ({exc.strerror or exc}); "
                 "check that the job dir's parent is on the shared filesystem and writable"
             ) from exc
         return run
-
-    @property
-    def root(self) -> Path:
-        return self.store.path(self.prefix)
 
     def key(self, name: str) -> str:
         """``name`` (relative to this folder) as a key of ``store``."""
         return f"{self.prefix}/{name}"
 
     def path(self, name: str) -> Path:
-        """The file of ``name``: for what still works on paths (the ballot's refresher) and for messages."""
+        """The file of ``name`` on a POSIX job dir: for what still works on paths (the ballot's refresher)."""
+        if not isinstance(self.store, PosixStore):
+            raise TypeError(f"{self.where(name)}: a key of {type(self.store).__name__} has no path")
         return self.store.path(self.key(name))
+
+    def where(self, name: str = "") -> str:
+        """``name`` (the folder itself when empty) as messages name it: its path on POSIX, else store and key."""
+        key = self.key(name) if name else self.prefix
+        return str(self.store.path(key)) if isinstance(self.store, PosixStore) else f"{self.store.describe()} {key}"
 
     def now(self) -> float:
         return self.store.now()
@@ -176,7 +184,7 @@ class RunDir:
         try:
             return _outcome(self.store, self.key(name))
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            return Outcome(EXIT_FAILED, f"{self.path(name)} is unreadable ({exc!r})")
+            return Outcome(EXIT_FAILED, f"{self.where(name)} is unreadable ({exc!r})")
 
     def abort(self, message: str) -> Outcome:
         """Stop the whole run; the first abort wins and every process reports it."""
@@ -200,7 +208,7 @@ def _object(data: bytes) -> dict:
     return held if isinstance(held, dict) else {}
 
 
-def _bytes(store: PosixStore, key: str) -> bytes | None:
+def _bytes(store: Store, key: str) -> bytes | None:
     """``key``'s bytes; None when it is missing or cannot be read."""
     try:
         got = store.read(key)
@@ -209,18 +217,18 @@ def _bytes(store: PosixStore, key: str) -> bytes | None:
     return None if got is None else got[0]
 
 
-def _record(store: PosixStore, key: str) -> dict:
+def _record(store: Store, key: str) -> dict:
     data = _bytes(store, key)
     return {} if data is None else _object(data)
 
 
-def _outcome(store: PosixStore, key: str) -> Outcome | None:
+def _outcome(store: Store, key: str) -> Outcome | None:
     """The outcome at ``key``, None when missing; raises OSError, ValueError, KeyError or TypeError if unreadable."""
     raw = load_key(store, key)
     return None if raw is MISSING else Outcome.from_dict(raw)
 
 
-def read_outcome(store: PosixStore, key: str) -> Outcome | None:
+def read_outcome(store: Store, key: str) -> Outcome | None:
     """The outcome at ``key``; None when it is missing or unreadable (a finalize round, a test's summary)."""
     try:
         return _outcome(store, key)

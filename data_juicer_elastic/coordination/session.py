@@ -44,7 +44,6 @@ import os
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from data_juicer_elastic.coordination.elect import coordinate
 from data_juicer_elastic.coordination.run_id import local_rank, resolve_run_id
@@ -116,7 +115,7 @@ class _Session:
             + (f" local_rank={rank}" if rank is not None else "")
             + f" job_dir={self.spec.job_dir}"
         )
-        run = RunDir.open(Path(os.path.abspath(self.spec.job_dir)), run_key(self.run_id), self.run_id, self.host)
+        run = RunDir.open(JobDir(self.spec.job_dir).store, run_key(self.run_id), self.run_id, self.host)
         ended = self.ended_before(run)
         outcome = coordinate(run, "prepare", self.do_prepare, self.spec, self.log)
         if outcome.exit_code == EXIT_OK:

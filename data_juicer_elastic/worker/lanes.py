@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from data_juicer_elastic.job.claims import ClaimStore, Lease
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.records.retry import retry_base
-from data_juicer_elastic.job.records.workers import read_small, replace_small
+from data_juicer_elastic.job.records.workers import read_key
 
 MAX_LANES = 64
 MIN_LANE = 16  # shards per lane at least: small jobs have fewer lanes
@@ -47,8 +47,12 @@ def lane_bounds(count: int) -> list[tuple[int, int]]:
     return [(k * count // lanes, (k + 1) * count // lanes) for k in range(lanes)]
 
 
+def _lane_key(job: JobDir, name: str) -> str:
+    return f"{job.key(job.lanes_dir)}/{name}"
+
+
 def _read_index(job: JobDir, name: str) -> int | None:
-    data = read_small(job.lanes_dir / name)
+    data = read_key(job.store, _lane_key(job, name))  # missing, a link or unreadable: nothing said
     try:
         return int(data) if data else None
     except ValueError:
@@ -56,15 +60,10 @@ def _read_index(job: JobDir, name: str) -> int | None:
 
 
 def _write_index(job: JobDir, name: str, index: int) -> None:
-    """Best effort: a lane file that cannot be written only costs probes later."""
+    """Best effort: a lane file that cannot be written only costs probes later. Its folder is made by the
+    first write; no folder fsync (``durable=False``): a rolled-back marker is an older true statement."""
     try:
-        replace_small(job.lanes_dir / name, str(index).encode())
-    except FileNotFoundError:
-        try:
-            job.lanes_dir.mkdir(parents=True, exist_ok=True)
-            replace_small(job.lanes_dir / name, str(index).encode())
-        except OSError:
-            pass
+        job.store.replace(_lane_key(job, name), str(index).encode(), durable=False)
     except OSError:
         pass
 
