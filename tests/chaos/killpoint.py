@@ -50,12 +50,12 @@ def signal_half_way_through_merges(signum: int = signal.SIGKILL) -> None:
     """Any merge in this process sends it ``signum`` once half the shards' outputs reached its temp file."""
     copy_one = merge_mod._copy_one
 
-    def copy_then_signal(done, writer, *args):
+    def copy_then_signal(job, done, writer, *args):
         index, total = map(int, SHARD_ID_RE.match(done[0].shard).groups())
         if index == total // 2:
             writer._wait()  # the buffers already handed off reach the temp file
             os.kill(os.getpid(), signum)
-        return copy_one(done, writer, *args)
+        return copy_one(job, done, writer, *args)
 
     merge_mod._copy_one = copy_then_signal
 
