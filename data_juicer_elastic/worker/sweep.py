@@ -134,7 +134,7 @@ def build(
     rows = manifest.shards.rows_by_id()
     total = len(rows)
     now = store.now()
-    records, unreadable = read_workers(job.workers_dir)
+    records, unreadable = read_workers(job.store, job.key(job.workers_dir))
     left = previous.fresh_left if lean and previous is not None else fresh_left(job, total)
     snap = Snapshot(seq=0, built_at=now, total=total, done=0, fresh_left=left)
     snap.workers = len(records)
