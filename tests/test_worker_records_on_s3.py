@@ -1,8 +1,8 @@
-"""The worker records on either store (docs/OBJECT_STORE.md section 6, step 3).
+"""The worker records and the sweep's rebuild tickets on either store (docs/OBJECT_STORE.md section 6, step 3).
 
-``write_worker``, ``read_workers`` and ``WorkerLedger`` take the job's store and the workers folder's key:
-each test runs on a ``PosixStore`` and on an ``S3Store`` against a real moto server in its own process
-(tests/s3server.py).
+``write_worker``, ``read_workers`` and ``WorkerLedger`` take the job's store and the workers folder's key, and
+the sweep's ``progress.d`` tickets are created and deleted through it: each test runs on a ``PosixStore`` and on
+an ``S3Store`` against a real moto server in its own process (tests/s3server.py).
 """
 
 from __future__ import annotations
@@ -13,8 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from data_juicer_elastic.job.claims import claim_store
 from data_juicer_elastic.job.records.workers import WorkerLedger, WorkerRecord, read_workers, write_worker
 from data_juicer_elastic.storage.store import Store, store_for
+from data_juicer_elastic.worker.sweep import SnapshotCache
+from tests.jobs import make_job
 from tests.s3server import s3_server, use_env
 
 BUCKET = "dje-test"
@@ -59,3 +62,15 @@ def test_what_is_not_a_record_is_counted_unreadable_and_other_names_are_not_list
     records, unreadable = read_workers(store, WORKERS)
     assert [r.worker for r in records] == ["good"] and unreadable == 1
     assert read_workers(store, "state/none") == ([], 0)
+
+
+def test_one_process_wins_a_rebuild_ticket_and_another_once_it_is_deleted(tmp_path: Path, store: Store):
+    """The tickets live on the job's store (a missing ``progress.d`` is made by the create on POSIX)."""
+    job = make_job(tmp_path / "src", rows=4, shards=2)
+    job._store = store  # the job's store is where its tickets go
+    first, second = (SnapshotCache(job, claim_store(job, host), 1.0) for host in ("a", "b"))
+    ticket = job.key(job.state_dir / "progress.d" / "7")
+    assert store.head(ticket) is None
+    assert first._won("7") and not second._won("7") and not first._won("7")
+    assert store.head(ticket) is not None
+    assert store.delete(ticket) and second._won("7")
