@@ -218,7 +218,7 @@ class _DoneTotals:
 def _done_totals(job: JobDir, done: set[str]) -> _DoneTotals:
     """The done shards' totals from the worker records; from the done records when those don't add up."""
     totals, counted = _DoneTotals(), 0
-    records = read_workers(job.workers_dir)[0]
+    records = read_workers(job.store, job.key(job.workers_dir))[0]
     for r in records:
         totals.add(r.host, r.published, r.output_rows, r.error_rows, r.first_start, r.last_finish)
         counted += r.published

@@ -135,5 +135,5 @@ def test_a_stop_during_the_last_ledger_write_exits_128_plus_n_with_the_ledger_wr
     worker.store.flush = stopped_while_flushing  # called once, after the loop
     result = worker.run()
     assert (result.exit_code, result.message) == (128 + signal.SIGTERM, "interrupted by SIGTERM")
-    records, _ = read_workers(job.workers_dir)
+    records, _ = read_workers(job.store, job.key(job.workers_dir))
     assert [r.published for r in records] == [2]

@@ -15,6 +15,7 @@ from data_juicer_elastic.job.claims import ClaimStore
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.records.retry import read_requeued, retry_base
 from data_juicer_elastic.job.records.workers import WorkerLedger, WorkerRecord, read_workers, write_worker
+from data_juicer_elastic.storage.posix import PosixStore
 from tests.jobs import make_job
 from tests.test_layers import PATH_READS, module_sources
 
@@ -64,18 +65,18 @@ def test_listings_of_missing_folders_have_no_names(tmp_path):
     assert job.done_ids() == set() and job.failed_ids() == set()
     assert ClaimStore(job, lock_timeout=3.0, host="t").latest_attempts() == {}
     assert read_requeued(job) == ([], {})
-    assert read_workers(job.workers_dir) == ([], 0)
+    assert read_workers(job.store, job.key(job.workers_dir)) == ([], 0)
     assert JobDir(tmp_path / "nothing").generation_ids() == []
 
 
 def test_a_worker_record_is_written_whole_into_a_folder_made_on_demand(tmp_path):
     job = make_job(tmp_path / "job", rows=4, shards=2)
     folder = job.workers_dir / "late"  # as in a job dir made before worker records: no folder yet
-    ledger = WorkerLedger(folder, "node-a", 41, "abcd")
+    ledger = WorkerLedger(job.store, job.key(folder), "node-a", 41, "abcd")
     ledger.hold("part-00000-of-00002", 1)
     ledger.published("part-00000-of-00002", 1, 2, 2, 0, 10, 1.0, 2.0)
     ledger.flush()
-    records, unreadable = read_workers(folder)
+    records, unreadable = read_workers(job.store, job.key(folder))
     assert unreadable == 0 and [(r.worker, r.pairs, r.published, r.output_rows) for r in records] == [
         (ledger.worker, [], 1, 2)
     ]
@@ -85,13 +86,13 @@ def test_a_worker_record_is_written_whole_into_a_folder_made_on_demand(tmp_path)
 def test_what_is_not_a_worker_record_counts_as_unreadable(tmp_path):
     """A link (not followed, even to a good record), a folder and a cut record at a record's name are listed
     but read as none; hidden names (temps) are not listed."""
-    folder = tmp_path / "workers"
-    write_worker(folder, WorkerRecord(worker="good", host="h", pid=1, published=3))
+    store, folder = PosixStore(tmp_path), tmp_path / "workers"
+    write_worker(store, "workers", WorkerRecord(worker="good", host="h", pid=1, published=3))
     os.symlink(folder / "good.json", folder / "link.json")
     os.mkdir(folder / "folder.json")
     (folder / "cut.json").write_bytes(b'{"worker": "cu')
     (folder / ".temp.json").write_bytes(b"")
-    records, unreadable = read_workers(folder)
+    records, unreadable = read_workers(store, "workers")
     assert [r.worker for r in records] == ["good"] and unreadable == 3
 
 

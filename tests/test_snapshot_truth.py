@@ -140,8 +140,8 @@ def test_a_record_read_just_before_its_last_claim_is_read_again_before_anything_
     assert run_worker(job.root, copy, host="a", log=_quiet).exit_code == 0
     reads: list[int] = []
 
-    def stale_first(folder):
-        records, unreadable = read_workers(folder)
+    def stale_first(store, prefix):
+        records, unreadable = read_workers(store, prefix)
         reads.append(len(records))
         if len(reads) == 1:  # as read before the worker claimed its last shard
             records[0].published -= 1

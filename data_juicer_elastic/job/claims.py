@@ -126,7 +126,8 @@ class ClaimStore:
     def ledger(self) -> WorkerLedger:
         """This process's worker record (made on first use: a read-only store never writes one)."""
         if self._ledger is None:
-            self._ledger = WorkerLedger(self.job.workers_dir, self.host, self.pid, uuid.uuid4().hex[:8])
+            job = self.job
+            self._ledger = WorkerLedger(job.store, job.key(job.workers_dir), self.host, self.pid, uuid.uuid4().hex[:8])
         return self._ledger
 
     def flush(self) -> None:

@@ -134,7 +134,7 @@ def collect(job_dir: str | os.PathLike, now: float | None = None) -> JobReport:
         else:
             attempts.extend(shard_attempts(job, sid, now, notes, rec))
     mark_queued(attempts)
-    failed = _record_ids(job, job.failed_dir)
+    failed = _failed_ids(job)
     finished = {a.shard for a in attempts if a.outcome == "done"}
     state = (
         "failed"
@@ -168,8 +168,12 @@ def _latest_attempts(job: JobDir) -> dict[str, int]:
     return latest_of(_names(job, job.claims_dir))
 
 
-def _record_ids(job: JobDir, folder: Path) -> set[str]:
-    return {n[:-5] for n in _names(job, folder) if n.endswith(".json")}
+def _failed_ids(job: JobDir) -> set[str]:
+    """``job.failed_ids``, or none when ``state/failed`` cannot be listed (EACCES, ESTALE), as ``_names`` reads it."""
+    try:
+        return job.failed_ids()
+    except OSError:
+        return set()
 
 
 def _from_done(job: JobDir, rec: DoneRecord, folder: str) -> Attempt:

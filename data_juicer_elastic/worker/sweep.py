@@ -40,11 +40,10 @@ is paid once per interval for the whole job.
 from __future__ import annotations
 
 import hashlib
-import os
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import orjson
 
@@ -54,7 +53,6 @@ from data_juicer_elastic.job.records._read import int_or, number_or_none
 from data_juicer_elastic.job.records.attempt import load_attempt
 from data_juicer_elastic.job.records.retry import Archived, read_requeued, summed_by_records
 from data_juicer_elastic.job.records.workers import WorkerRecord, read_key, read_workers
-from data_juicer_elastic.storage.files import create_exclusive
 from data_juicer_elastic.worker.lanes import fresh_left, probed_fresh_left
 
 Held = tuple[str, int]
@@ -134,7 +132,7 @@ def build(
     rows = manifest.shards.rows_by_id()
     total = len(rows)
     now = store.now()
-    records, unreadable = read_workers(job.workers_dir)
+    records, unreadable = read_workers(job.store, job.key(job.workers_dir))
     left = previous.fresh_left if lean and previous is not None else fresh_left(job, total)
     snap = Snapshot(seq=0, built_at=now, total=total, done=0, fresh_left=left)
     snap.workers = len(records)
@@ -303,10 +301,8 @@ class SnapshotCache:
         self._seen: tuple[int, float] | None = None  # (seq, local time it was first seen)
         self._complete = False  # confirmed against the done records
         self._progress = job.key(job.progress_path)
-
-    @property
-    def locks(self):
-        return self.job.state_dir / "progress.d"
+        self._tickets = job.key(job.state_dir / "progress.d")  # the rebuild tickets' and markers' prefix
+        self._token = uuid.uuid4().hex.encode()  # a ticket's body: S3 takes a create resent onto equal bytes as ours
 
     def get(self, fresh: bool = False) -> Snapshot:
         """The snapshot; ``fresh`` reads the file again even within the interval."""
@@ -357,9 +353,9 @@ class SnapshotCache:
         if not snap.complete or self._complete:
             return snap
         stamp = retry_stamp(self.job)
-        marker = self.locks / f"complete-{stamp}"
+        marker = f"complete-{stamp}"
         deadline = time.monotonic() + 4 * max(self.interval, 1.0)
-        while self.job.store.head(self.job.key(marker)) is None:
+        while self.job.store.head(self._ticket(marker)) is None:
             # one process lists the done records for everyone; the others wait for its marker (or list for
             # themselves once it is late: its lister died, or found the snapshot wrong and a newer one says
             # complete again)
@@ -374,13 +370,13 @@ class SnapshotCache:
         self._complete = True
         return snap
 
-    def _listed(self, snap: Snapshot, marker: Path) -> Snapshot:
+    def _listed(self, snap: Snapshot, marker: str) -> Snapshot:
         """``snap`` checked against one listing of the done records: confirmed, or corrected from it."""
         ids = set(self.job.manifest().shards.ids())
         done = len(self.job.done_ids() & ids)
         if done >= snap.total:
             self._complete = True
-            self._won(marker.name)  # not made (a flaky mount): the others list for themselves
+            self._won(marker)  # not made (a flaky mount): the others list for themselves
             return snap
         snap.legacy_done = max(min(snap.legacy_done, done - snap.swept), 0)
         snap.done, snap.exact = done, True
@@ -398,23 +394,21 @@ class SnapshotCache:
         self._write(snap)
         for stale in (f"{seq - 1}", f"{seq - 1}.{waited}"):
             try:
-                os.unlink(self.locks / stale)
+                self.job.store.delete(self._ticket(stale))
             except OSError:
                 pass
         return snap
 
     def _won(self, ticket: str) -> bool:
-        """Did this process create ``progress.d/<ticket>`` (one process per ticket does)? A flaky mount: no."""
+        """Did this process create ``progress.d/<ticket>`` (one process per ticket does)? A flaky mount: no.
+        A missing ``progress.d`` is made by the create (POSIX), as S3 needs none."""
         try:
-            return create_exclusive(self.locks / ticket, b"")
-        except FileNotFoundError:
-            try:
-                self.locks.mkdir(parents=True, exist_ok=True)
-                return create_exclusive(self.locks / ticket, b"")
-            except OSError:
-                return False
+            return self.job.store.create(self._ticket(ticket), self._token, exclusive=True) is not None
         except OSError:  # another process, or the next look, does it
             return False
+
+    def _ticket(self, name: str) -> str:
+        return f"{self._tickets}/{name}"
 
     def _write(self, snap: Snapshot) -> None:
         """Put ``snap`` in place unless a newer one is there (a rebuilder paused past the next one's write);

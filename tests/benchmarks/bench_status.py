@@ -80,7 +80,7 @@ def build_job(root: Path, n: int, running: int = 8) -> JobDir:
         w.last_finish = end if w.last_finish is None else max(w.last_finish, end)
         w.rates = [*w.rates[-15:], len(ROW) / (end - start)]
     for w in workers.values():
-        write_worker(job.workers_dir, w)
+        write_worker(job.store, job.key(job.workers_dir), w)
     marker.touch()
     return job
 

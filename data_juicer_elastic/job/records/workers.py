@@ -28,7 +28,7 @@ import orjson
 
 from data_juicer_elastic.job.records._read import int_or, number_or_none, read_bytes
 from data_juicer_elastic.storage.files import temp_name
-from data_juicer_elastic.storage.posix import PosixStore
+from data_juicer_elastic.storage.store import Store
 
 RATES_KEPT = 16  # per-shard rates (input bytes per second) a record keeps, newest last
 
@@ -63,7 +63,7 @@ def read_small(path: Path) -> bytes | None:
         return None
 
 
-def read_key(store: PosixStore, key: str) -> bytes | None:
+def read_key(store: Store, key: str) -> bytes | None:
     """``read_small`` on the store: a small key's bytes; None when missing (a link or a folder at its name
     is none) or unreadable (ESTALE, EACCES)."""
     try:
@@ -97,16 +97,15 @@ def replace_small(path: Path, data: bytes, fsync: bool = False) -> None:
         raise
 
 
-def write_worker(folder: Path, record: WorkerRecord) -> None:
-    """Replace the record whole, through a store on its folder's parent (the callers name the folder by
-    path; a listing of a store's root would name ``folder/``, which the call counters take for another
-    folder). Fsynced before the rename, the folder not (``durable=False``, as ``replace_small`` wrote it: a
-    crash of the file server may bring back an older version, never a cut one). A missing folder (a job
-    dir made before worker records) is made by the first write."""
-    PosixStore(folder.parent).replace(f"{folder.name}/{record.worker}.json", record.to_bytes(), durable=False)
+def write_worker(store: Store, prefix: str, record: WorkerRecord) -> None:
+    """Replace the record whole at ``<prefix>/<worker>.json`` (``prefix``: the workers folder's key). Fsynced
+    before the rename, the folder not (``durable=False``, as ``replace_small`` wrote it: a crash of the file
+    server may bring back an older version, never a cut one). A missing folder (a job dir made before worker
+    records) is made by the first write."""
+    store.replace(f"{prefix}/{record.worker}.json", record.to_bytes(), durable=False)
 
 
-def load_worker(store: PosixStore, key: str) -> WorkerRecord | None:
+def load_worker(store: Store, key: str) -> WorkerRecord | None:
     """A worker record; None when missing or not one (a link or a folder at its name, unreadable, not a
     record: it then adds nothing to the sums)."""
     data = read_key(store, key)
@@ -139,12 +138,11 @@ def load_worker(store: PosixStore, key: str) -> WorkerRecord | None:
     )
 
 
-def read_workers(folder: Path) -> tuple[list[WorkerRecord], int]:
-    """Every readable worker record (one listing of a folder with one file per process; a missing folder
-    has none), and how many listed records could not be read (ESTALE, a cut read, not a record)."""
-    store = PosixStore(folder.parent)  # as ``write_worker``: a store on the folder's parent, keys below its name
-    names = [n for n in store.names(folder.name) if n.endswith(".json")]
-    found = [r for r in (load_worker(store, f"{folder.name}/{n}") for n in names) if r is not None]
+def read_workers(store: Store, prefix: str) -> tuple[list[WorkerRecord], int]:
+    """Every readable worker record under ``prefix`` (one listing of a folder with one file per process; a
+    missing folder has none), and how many listed records could not be read (ESTALE, a cut read, not a record)."""
+    names = [n for n in store.names(prefix) if n.endswith(".json")]
+    found = [r for r in (load_worker(store, f"{prefix}/{n}") for n in names) if r is not None]
     return found, len(names) - len(found)
 
 
@@ -157,8 +155,8 @@ class WorkerLedger:
     the end (``flush``).
     """
 
-    def __init__(self, folder: Path, host: str, pid: int, token: str) -> None:
-        self.folder = folder
+    def __init__(self, store: Store, prefix: str, host: str, pid: int, token: str) -> None:
+        self.store, self.prefix = store, prefix  # the job's store, the workers folder's key
         self.record = WorkerRecord(worker=f"{_safe(host)}-{pid}-{token}", host=host, pid=pid)
         self._dirty = False
         self._lock = threading.RLock()  # a prefetching worker claims, publishes and fails from several threads
@@ -222,7 +220,7 @@ class WorkerLedger:
     def flush(self, force: bool = False) -> None:
         with self._lock:
             if force or self._dirty:
-                write_worker(self.folder, self.record)
+                write_worker(self.store, self.prefix, self.record)
                 self._dirty = False
 
 
