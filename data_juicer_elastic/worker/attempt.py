@@ -1,6 +1,7 @@
 """One attempt at a shard, from its own folder to its outcome, in three steps the worker loop schedules.
 
-``open``: the attempt's folder is made fresh (one already there is refused),
+``open``: the attempt's folder is made fresh (one already there is refused;
+in node-local scratch where the job dir is no shared folder, ``placement``),
 its record written, its lease renewed from then on, the shard file checked
 against the manifest, and the runner's load started. ``process``: the
 runner's work, in the main thread. ``finish``: the runner's finish, the
@@ -39,6 +40,7 @@ from data_juicer_elastic.worker.budget import fail_terminally, failure_count
 from data_juicer_elastic.worker.disk_full import NoSpace, give_back, space_for
 from data_juicer_elastic.worker.fencing import Fenced, RunnerStopper
 from data_juicer_elastic.worker.outputs import OutputDigest, inspect_output
+from data_juicer_elastic.worker.placement import placement_for
 from data_juicer_elastic.worker.signals import Interrupted, received
 from data_juicer_elastic.worker.stages import Stages, at_once, in_thread
 
@@ -65,11 +67,14 @@ class Attempt:
         pace: float | None,
         final: bool,
         stopper: RunnerStopper,
+        scratch: Path | None = None,
     ) -> None:
         self.job, self.store, self.lease, self.policy, self.log = job, store, lease, policy, log
         self.stopper = stopper
-        self.adir = job.attempt_dir(lease.shard, lease.attempt)
-        self.output = self.adir / AttemptDir.OUTPUT
+        self.adir = job.attempt_dir(lease.shard, lease.attempt)  # in the job dir: what records and messages name
+        self.placement = placement_for(job, lease.shard, lease.attempt, scratch)
+        self.files = AttemptDir(self.placement.folder)  # where the runner writes: adir itself, or scratch
+        self.output = self.files.output
         self.name = f"{lease.shard} attempt {attempt_name(lease.attempt)}"
         self.record = AttemptRecord(
             shard=lease.shard,
@@ -97,18 +102,25 @@ class Attempt:
     def open(self, stages: Stages, in_background: bool) -> bool:
         """Folder, record, heartbeat, shard check, then the load; False if the attempt already ended."""
         self.opened = time.monotonic()
-        self._make_folder()
-        self._save()
+        self.placement.make()
+        try:
+            self._save()
+        except ElasticError:  # a record already there: the attempt never started
+            self.placement.drop()
+            raise
         self.log(
             f"claimed {self.name}{claim_note(self.job, self.lease.shard, self.lease.attempt, self.lease.backup_of)}"
         )
         beat = heartbeat(self.store, self.lease, self.policy.heartbeat_secs, self.log, on_lost=self._lost_race)
         self.beat = beat.__enter__()
         try:
-            shard = verified_shard(self.job, self.lease.shard)
+            shard = verified_shard(self.job, self.lease.shard, self.placement.shard(self.lease.shard))
         except ShardMismatch as exc:  # retrying cannot heal an edited shard
             self.fail(exc, terminal=True)
             return False
+        except NoSpace:  # scratch is full: the loop gives the shard back
+            self.beat.__exit__(None, None, None)
+            raise
         args = (str(shard), str(self.output), str(self.job.gen_dir))  # names the generation
         self.loaded = in_thread(stages.load, *args) if in_background else at_once(stages.load, *args)
         return True
@@ -151,6 +163,7 @@ class Attempt:
         try:
             stages.finish(processed)
             digest = inspect_output(self.output)
+            self.placement.keep(digest)  # still under the renewed lease: an upload may take a while
         except Exception as exc:
             if full := disk_full_in(exc):
                 raise NoSpace(self.output, full) from exc
@@ -245,19 +258,6 @@ class Attempt:
         self.log(f"{self.name}: {why}")
         return "superseded"
 
-    def _make_folder(self) -> None:
-        """The attempt's own folder, made now: one already there, or one outside the job dir, is refused."""
-        try:
-            with space_for(self.adir):
-                self.adir.parent.mkdir(parents=True, exist_ok=True)
-                self.job.confine(str(self.adir.parent.relative_to(self.job.root)), "attempts folder")
-                os.mkdir(self.adir)
-        except FileExistsError as exc:
-            raise IntegrityError(
-                f"{self.adir}: already exists although attempt {self.lease.attempt} of {self.lease.shard} was just "
-                "claimed; something other than a worker wrote into the job dir: refusing to use it"
-            ) from exc
-
     def _publish(self, digest: OutputDigest) -> str:
         record = DoneRecord(
             shard=self.lease.shard,
@@ -267,12 +267,12 @@ class Attempt:
             rows=digest.rows,
             bytes=digest.bytes,
             sha256=digest.sha256,
-            output=str(self.output.relative_to(self.job.root)),
+            output=str((self.adir / AttemptDir.OUTPUT).relative_to(self.job.root)),
             started_at=self.processing_wall or self.record.started_at,  # the shard's own time, not its wait
             finished_at=time.time(),
             backup=self.lease.backup_of is not None,
             worker=self.store.ledger.worker,
-            **op_totals(self.adir),
+            **op_totals(self.files.path),
         )
         with space_for(self.job.done_path(record.shard)):
             published = publish_done(self.job, record)
@@ -302,8 +302,9 @@ class Attempt:
     def _failed(self, exc: Exception, terminal: bool = False) -> str:
         error = one_line(f"{type(exc).__name__}: {exc}")  # the whole traceback goes to the attempt's log
         log_path = self.adir / AttemptDir.LOG
-        with open(log_path, "a", encoding="utf-8") as f:
+        with open(self.files.log, "a", encoding="utf-8") as f:
             f.write("\n" + "".join(traceback.format_exception(exc)))
+        self.placement.keep()  # the log and op counts, for the failure message, status and report
         self.end("failed", error)
         failures = failure_count(self.job, self.lease.shard, self.lease.attempt)
         self.log(f"{self.name} failed ({failures} failure(s)): {one_line(error, 300)}; log: {log_path}")
@@ -331,30 +332,34 @@ class Attempt:
                 self.end(outcome, error)
 
     def end(self, outcome: str, error: str | None = None) -> None:
-        """Record how the attempt ended, in the version of its record this attempt's last write left."""
-        self._write(self.record.finish(outcome, error))
+        """Record how the attempt ended, in the version of its record this attempt's last write left; every
+        ending passes here, so the attempt's scratch (if any) goes with it."""
+        try:
+            self._write(self.record.finish(outcome, error))
+        finally:
+            self.placement.drop()
 
     def _write(self, record: AttemptRecord) -> None:
         """Create the record (the first write), then replace the version this attempt's last write left."""
         self.ver = write_attempt(self.job, record, self.ver)
 
 
-def verified_shard(job: JobDir, sid: str) -> Path:
-    """The shard's file, after checking its bytes and sha256 against the manifest."""
+def verified_shard(job: JobDir, sid: str, path: Path) -> Path:
+    """``path``, the shard's file the runner reads (the job dir's, or its copy in scratch), after checking its
+    bytes and sha256 against the manifest. Messages name the job dir's file: that is what a person restores."""
     spec = job.shard(sid)
-    path = job.shard_file(sid)
     try:
         d = digest_file(path)
     except OSError as exc:
         raise ShardMismatch(
-            f"{path}: cannot be read ({exc.strerror}); restore it from a backup "
+            f"{job.shard_file(sid)}: cannot be read ({exc.strerror}); restore it from a backup "
             "or prepare the job again in a new job dir"
         ) from exc
     if (d.bytes, d.sha256) != (spec.bytes, spec.sha256):
         raise ShardMismatch(
-            f"{path}: does not match the manifest ({d.bytes} bytes, sha256 {d.sha256[:12]}…; the manifest says "
-            f"{spec.bytes} bytes, sha256 {spec.sha256[:12]}…): it changed after prepare, so it is not run; "
-            "restore it, or prepare the job again in a new job dir"
+            f"{job.shard_file(sid)}: does not match the manifest ({d.bytes} bytes, sha256 {d.sha256[:12]}…; the "
+            f"manifest says {spec.bytes} bytes, sha256 {spec.sha256[:12]}…): it changed after prepare, so it is "
+            "not run; restore it, or prepare the job again in a new job dir"
         )
     return path
 

@@ -46,6 +46,7 @@ from data_juicer_elastic.worker.attempt import Attempt
 from data_juicer_elastic.worker.disk_full import NoSpace, give_back
 from data_juicer_elastic.worker.fencing import RunnerStopper
 from data_juicer_elastic.worker.pacing import Pace
+from data_juicer_elastic.worker.placement import scratch_base
 from data_juicer_elastic.worker.runner import Runner
 from data_juicer_elastic.worker.scan import ClaimChooser, Scan
 from data_juicer_elastic.worker.signals import Interrupted, signals_raise_interrupted
@@ -106,8 +107,12 @@ class Worker:
         speculation: Speculation | None = None,
         should_stop: Callable[[], bool] | None = None,
         stall_timeout: float | None = None,
+        scratch: str | os.PathLike | None = None,
         log: Callable[[str], None] = print,
     ) -> None:
+        """``scratch``: run every attempt in node-local scratch under this folder and upload its files, as on an
+        object store; None: chosen by the job dir's store (in place on POSIX). Not a user's option: tests force
+        the object store's path on a POSIX job dir with it."""
         # a JobDir the caller already opened keeps its loaded manifest (its table is checked once a process)
         self.job = job_dir if isinstance(job_dir, JobDir) else JobDir(job_dir, shared_link_check=True)
         self.policy = self.job.manifest().policy
@@ -119,6 +124,7 @@ class Worker:
         self.stop_when_idle = stop_when_idle
         self.should_stop = should_stop or (lambda: False)
         self.log = log
+        self.scratch = None if scratch is None else scratch_base(self.job, scratch)
         self.store = claim_store(self.job, self.host)
         self.pace = Pace()
         self.chooser = ClaimChooser(self.job, self.store, self.pace, log, speculation)
@@ -153,6 +159,7 @@ class Worker:
             pace=self.pace.seconds,
             final=final,
             stopper=self.stopper,
+            scratch=self.scratch,
         )
 
     def run_attempt(self, lease: Lease, final: bool) -> str:
