@@ -19,15 +19,12 @@ moved it to ``published`` in the same rewrite that dropped the pair.
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import orjson
 
-from data_juicer_elastic.job.records._read import int_or, number_or_none, read_bytes
-from data_juicer_elastic.storage.files import temp_name
+from data_juicer_elastic.job.records._read import int_or, number_or_none
 from data_juicer_elastic.storage.store import Store
 
 RATES_KEPT = 16  # per-shard rates (input bytes per second) a record keeps, newest last
@@ -55,16 +52,8 @@ class WorkerRecord:
         return orjson.dumps(d)
 
 
-def read_small(path: Path) -> bytes | None:
-    """A small file's bytes (not following a symlink); None when missing or unreadable."""
-    try:
-        return read_bytes(path, os.O_NOFOLLOW)
-    except OSError:
-        return None
-
-
 def read_key(store: Store, key: str) -> bytes | None:
-    """``read_small`` on the store: a small key's bytes; None when missing (a link or a folder at its name
+    """A small key's bytes; None when missing (a link or a folder at its name
     is none) or unreadable (ESTALE, EACCES)."""
     try:
         got = store.read(key)
@@ -73,33 +62,9 @@ def read_key(store: Store, key: str) -> bytes | None:
     return got[0] if got else None
 
 
-def replace_small(path: Path, data: bytes, fsync: bool = False) -> None:
-    """Replace ``path`` atomically (temp name, rename): readers see the old bytes or the new.
-
-    No directory fsync: these are a process's own progress files, rewritten
-    often; after a crash of the file server an older version is as good.
-    """
-    tmp = temp_name(path)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        os.write(fd, data)
-        if fsync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
-        os.rename(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def write_worker(store: Store, prefix: str, record: WorkerRecord) -> None:
     """Replace the record whole at ``<prefix>/<worker>.json`` (``prefix``: the workers folder's key). Fsynced
-    before the rename, the folder not (``durable=False``, as ``replace_small`` wrote it: a crash of the file
+    before the rename, the folder not (``durable=False``, as these records were always written: a crash of the file
     server may bring back an older version, never a cut one). A missing folder (a job dir made before worker
     records) is made by the first write."""
     store.replace(f"{prefix}/{record.worker}.json", record.to_bytes(), durable=False)
