@@ -40,10 +40,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import orjson
 
 from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.job.attempt_files import AttemptDir
@@ -57,8 +61,10 @@ from data_juicer_elastic.job.manifest import (
     manifest_digest,
 )
 from data_juicer_elastic.job.shard_table import shard_id
-from data_juicer_elastic.storage.files import create_exclusive, read_json
+from data_juicer_elastic.storage.files import create_exclusive
 from data_juicer_elastic.storage.posix import PosixStore
+from data_juicer_elastic.storage.store import Store, store_for
+from data_juicer_elastic.storage.urls import ObjectPath, is_s3
 
 SHARD_ID_RE = re.compile(r"^part-(\d{5,})-of-(\d{5,})$")
 GENERATION_RE = re.compile(r"^[0-9a-f]{16}$")
@@ -81,6 +87,8 @@ def confine(root: Path, rel: str, what: str = "path") -> Path:
     if not isinstance(rel, str) or not rel or os.path.isabs(rel) or ".." in Path(rel).parts:
         raise IntegrityError(f"{what} {rel!r} in {root} points outside the job directory; refusing to follow it")
     path = root / rel
+    if isinstance(root, ObjectPath):
+        return path  # an object store has no links: the name is the object
     real_root = os.path.realpath(root)
     real = os.path.realpath(path)
     if real != real_root and not real.startswith(real_root + os.sep):
@@ -106,29 +114,50 @@ class JobDir:
     generation to another process (``JobDir(that path)``).
     """
 
-    root: Path
+    root: Path  # an ``ObjectPath`` (``s3://...`` as a path that is no local file) for a job dir on an object store
     _manifest: Manifest | None = field(default=None, repr=False)
 
     def __init__(
         self, root: str | os.PathLike, generation: str | None = None, *, shared_link_check: bool = False
     ) -> None:
-        path = Path(os.path.abspath(root))
-        if generation is None and path.parent.name == GENERATIONS and (path.parent.parent / "manifest.json").exists():
-            path, generation = path.parent.parent, path.name
+        self._store: Store | None = None
+        text = str(root) if isinstance(root, ObjectPath) else os.fspath(root)  # an ObjectPath has no fspath
+        if is_s3(text):
+            path: Path = ObjectPath.of(text)
+            self._store = store_for(text)
+        else:
+            path = Path(os.path.abspath(root))
+            if (
+                generation is None
+                and path.parent.name == GENERATIONS
+                and (path.parent.parent / "manifest.json").exists()
+            ):
+                path, generation = path.parent.parent, path.name
         self.root = path
         self._generation = generation
         self._manifest = None
         self._raw: Manifest | None = None
         self._gen_dir: Path | None = None  # checked once: a generation's folder is never removed
         self.shared_link_check = shared_link_check  # a worker: shards/ is listed once per change, by one process
-        self._store: PosixStore | None = None
 
     @property
-    def store(self) -> PosixStore:
+    def store(self) -> Store:
         """The job dir as a Store (keys relative to ``root``): the records moved off paths go through it."""
         if self._store is None:
             self._store = PosixStore(self.root)
         return self._store
+
+    @property
+    def on_object_store(self) -> bool:
+        """A job dir given as an ``s3://`` URL: no folders, no links, every read through ``store``."""
+        return isinstance(self.root, ObjectPath)
+
+    def _read_json(self, path: Path) -> Any:
+        """The JSON at ``path`` in the job dir, read through the store; FileNotFoundError when missing."""
+        got = self.store.read(self.key(path))
+        if got is None:
+            raise FileNotFoundError(errno.ENOENT, "missing", str(path))
+        return orjson.loads(got[0])
 
     def key(self, path: Path) -> str:
         """``path`` (inside the job dir) as a store key: relative to ``root``, '/'-separated."""
@@ -145,7 +174,7 @@ class JobDir:
 
     def legacy(self) -> bool:
         """A schema-3 job dir: one generation, at the top of the job dir (told by its layout, not its manifest)."""
-        return (self.root / "state").is_dir()
+        return not self.on_object_store and (self.root / "state").is_dir()  # schema 3 predates object stores
 
     @property
     def generation(self) -> str:
@@ -162,7 +191,7 @@ class JobDir:
 
     def _current(self) -> str:
         try:
-            gen = read_json(self.current_path).get("generation", "")
+            gen = self._read_json(self.current_path).get("generation", "")
         except (OSError, ValueError, AttributeError):
             gen = ""
         if not gen:
@@ -180,13 +209,18 @@ class JobDir:
 
     def _generation_record(self, gen: str) -> Generation:
         try:
-            raw = read_json(self.generations_dir / gen / "generation.json")
+            raw = self._read_json(self.generations_dir / gen / "generation.json")
             return Generation(gen, raw["recipe_sha256"], raw.get("created_at", 0.0))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise IntegrityError(
                 f"{self.generations_dir / gen / 'generation.json'}: missing or unreadable ({exc!r}); "
                 "name another generation or run the job again"
             ) from exc
+
+    def _has_generation(self, gen: str) -> bool:
+        if self.on_object_store:  # no folders: a generation is there once its record is (made last)
+            return self.store.head(self.key(self.generations_dir / gen / "generation.json")) is not None
+        return (self.generations_dir / gen).is_dir()
 
     @property
     def gen_dir(self) -> Path:
@@ -198,7 +232,7 @@ class JobDir:
                 self._gen_dir = self.root
                 return self.root
             return self.generations_dir / ".none-yet"
-        if not GENERATION_RE.match(gen) or not (self.generations_dir / gen).is_dir():
+        if not GENERATION_RE.match(gen) or not self._has_generation(gen):
             known = ", ".join(self.generation_ids()) or "none"
             raise UserError(f"{self.root}: no generation {gen!r} (generations: {known}); name one of these")
         self._gen_dir = self.generations_dir / gen
@@ -332,7 +366,7 @@ class JobDir:
 
     # manifest -------------------------------------------------------------
     def exists(self) -> bool:
-        return self.manifest_path.exists()
+        return self.store.head(self.key(self.manifest_path)) is not None
 
     def manifest(self) -> Manifest:
         """The manifest with this generation's recipe sha256 and policy, loaded and checked once."""
@@ -349,7 +383,7 @@ class JobDir:
     def _policy(self, prepared: Policy) -> Policy:
         """The generation's run-time policy (its latest submission's); the shard count never changes."""
         try:
-            raw = read_json(self.policy_path)
+            raw = self._read_json(self.policy_path)
             policy = Policy(**raw)
         except FileNotFoundError:
             return prepared
@@ -363,12 +397,12 @@ class JobDir:
         """manifest.json as published (cached: it is immutable)."""
         if self._raw is not None:
             return self._raw
-        if not self.manifest_path.exists():
+        try:
+            raw = self._read_json(self.manifest_path)
+        except FileNotFoundError:
             raise UserError(
                 f"{self.root}: no manifest.json; run `dj-elastic prepare` (or dj-process) for this job first"
-            )
-        try:
-            raw = read_json(self.manifest_path)
+            ) from None
         except ValueError as exc:
             raise IntegrityError(f"{self.manifest_path}: not valid JSON ({exc}); prepare the job again") from exc
         if not isinstance(raw, dict):
@@ -378,7 +412,7 @@ class JobDir:
                 f"{self.manifest_path}: was edited after prepare (its content does not match its digest); "
                 "restore it, or prepare the job again in a new job dir"
             )
-        m = Manifest.from_dict(raw, str(self.manifest_path), self.root)
+        m = Manifest.from_dict(raw, str(self.manifest_path), self.root, self.store)
         if (m.schema_version == LEGACY_SCHEMA) != self.legacy():
             raise IntegrityError(
                 f"{self.manifest_path}: schema_version {m.schema_version} does not match the job dir's layout "
@@ -409,6 +443,8 @@ class JobDir:
         checked the folder in its current state (its mtime names an O_EXCL marker): a listing per worker
         start would cost O(shards) on every node. Other readers list it and write nothing.
         """
+        if self.on_object_store:
+            return  # no links there
         shards_dir = self.confine("shards", "shards folder")
         try:
             stamp = os.stat(shards_dir).st_mtime_ns

@@ -19,6 +19,7 @@ from typing import Any
 from data_juicer_elastic.errors import IntegrityError
 from data_juicer_elastic.job.shard_table import TABLE_NAME, ShardSource, ShardSpec, ShardTable
 from data_juicer_elastic.storage.files import atomic_write, dumps_json
+from data_juicer_elastic.storage.store import Store
 
 # 2: the manifest carries its digest; 3: inputs fingerprinted per source range; 4: generations;
 # 5: the input's columns and each shard's longest line (4 is read as it is: a shard's schema is inferred);
@@ -117,8 +118,11 @@ class Manifest:
         atomic_write(folder / "manifest.json", dumps_json(self.to_dict()))
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], where: str = "manifest.json", folder: Path | None = None) -> Manifest:
-        """The manifest ``d`` (manifest.json's content); a schema-6 one reads its table in ``folder``."""
+    def from_dict(
+        cls, d: dict[str, Any], where: str = "manifest.json", folder: Path | None = None, store: Store | None = None
+    ) -> Manifest:
+        """The manifest ``d`` (manifest.json's content); a schema-6 one reads its table in the job dir ``folder``
+        through its ``store``."""
         try:
             if d.get("schema_version") not in READABLE:
                 raise IntegrityError(
@@ -130,9 +134,9 @@ class Manifest:
                     shards = ShardTable.of([_shard(s) for s in d["shards"]])
             else:
                 table = d["shard_table"]
-                if table.get("file") != TABLE_NAME or folder is None:
+                if table.get("file") != TABLE_NAME or folder is None or store is None:
                     raise ValueError(f"shard_table file {table.get('file')!r} is not {TABLE_NAME!r}")
-                shards = ShardTable.load(folder / TABLE_NAME, table, where)
+                shards = ShardTable.load(store, TABLE_NAME, str(folder / TABLE_NAME), table, where)
             return cls(
                 dataset_path=d["dataset_path"],
                 input_kind=d["input_kind"],

@@ -19,12 +19,12 @@ import itertools
 from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, overload
 
 import orjson
 
 from data_juicer_elastic.errors import IntegrityError
+from data_juicer_elastic.storage.store import Store
 
 TABLE_NAME = "shards/_table.jsonl"  # inside shards/: published by the same rename, so racing prepares agree
 BLOCK = 64  # lines a block: one read of about 30 KB per claim, a hash per 64 shards in manifest.json
@@ -80,8 +80,8 @@ class ShardTable(Sequence[ShardSpec]):
     """The job's shards in order: ``rows`` and ``bytes`` held, each ``ShardSpec`` built when asked for.
 
     ``ShardTable.of(specs)`` holds specs already made (prepare; a manifest of
-    schema 5 or older, which listed them inline); ``ShardTable.load(path,
-    index)`` reads them from the table file, a block at a time.
+    schema 5 or older, which listed them inline); ``ShardTable.load(store,
+    key, ...)`` reads them from the table file, a block at a time.
     """
 
     def __init__(self, rows: array, sizes: array, blocks: Any) -> None:
@@ -94,8 +94,9 @@ class ShardTable(Sequence[ShardSpec]):
         return cls(array("q", (s.rows for s in specs)), array("q", (s.bytes for s in specs)), _Held(specs))
 
     @classmethod
-    def load(cls, path: Path, index: dict[str, Any], where: str) -> ShardTable:
-        """The table at ``path`` as ``index`` (manifest.json's ``shard_table``) describes it, every block checked."""
+    def load(cls, store: Store, key: str, name: str, index: dict[str, Any], where: str) -> ShardTable:
+        """The table at ``key`` of the job's ``store`` (``name``: as messages spell it) as ``index``
+        (manifest.json's ``shard_table``) describes it, every block checked."""
         try:
             rows, sizes = array("q", index["rows"]), array("q", index["bytes"])
             ends, digests = list(index["block_ends"]), list(index["block_sha256"])
@@ -105,7 +106,7 @@ class ShardTable(Sequence[ShardSpec]):
                 raise ValueError("block ends do not cover the shards")
         except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise IntegrityError(f"{where}: malformed shard_table ({exc!r}); prepare the job again") from exc
-        blocks = _Stored(path, ends, digests, rows, sizes)
+        blocks = _Stored(store, key, name, ends, digests, rows, sizes)
         blocks.check_all()
         return cls(rows, sizes, blocks)
 
@@ -211,26 +212,34 @@ class _Held:
 class _Stored:
     """Blocks of the table file, each checked against its digest when read; the last one read is kept."""
 
-    def __init__(self, path: Path, ends: list[int], digests: list[str], rows: array, sizes: array) -> None:
-        self.path, self.ends, self.digests, self.rows, self.sizes = path, ends, digests, rows, sizes
+    def __init__(
+        self, store: Store, key: str, name: str, ends: list[int], digests: list[str], rows: array, sizes: array
+    ) -> None:
+        self.store, self.key, self.path = store, key, name
+        self.ends, self.digests, self.rows, self.sizes = ends, digests, rows, sizes
         self.count = len(rows)
         self._last: tuple[int, list[ShardSpec]] | None = None
         self._first_rows: array | None = None  # each shard's first row, summed from ``rows`` when first needed
 
     def check_all(self) -> None:
         """Hash every block once, streamed (nothing kept)."""
-        with self._open() as f:
+        stream = self.store.open_read(self.key)
+        if stream is None:
+            raise self._missing()
+        with stream:
             for b in range(len(self.ends)):
-                self._checked(b, f.read(self._length(b)))
-            if f.read(1):
+                self._checked(b, _read_full(stream, self._length(b)))
+            if stream.read(1):
                 raise self._edited("its end (bytes after the last block)")
 
     def block(self, b: int) -> list[ShardSpec]:
         if self._last is not None and self._last[0] == b:
             return self._last[1]
-        with self._open() as f:
-            f.seek(self.ends[b - 1] if b else 0)
-            data = self._checked(b, f.read(self._length(b)))
+        start = self.ends[b - 1] if b else 0
+        data = self.store.open_range(self.key, start, self.ends[b])  # POSIX: one pread
+        if data is None:
+            raise self._missing()
+        data = self._checked(b, data)
         first = b * BLOCK
         try:
             specs = [_spec(first + k, self.count, orjson.loads(line)) for k, line in enumerate(data.splitlines())]
@@ -255,11 +264,8 @@ class _Stored:
     def _length(self, b: int) -> int:
         return self.ends[b] - (self.ends[b - 1] if b else 0)
 
-    def _open(self) -> Any:
-        try:
-            return open(self.path, "rb")
-        except FileNotFoundError:
-            raise IntegrityError(f"{self.path}: missing (manifest.json's shards are there); prepare again") from None
+    def _missing(self) -> IntegrityError:
+        return IntegrityError(f"{self.path}: missing (manifest.json's shards are there); prepare again")
 
     def _checked(self, b: int, data: bytes) -> bytes:
         if len(data) != self._length(b) or hashlib.sha256(data).hexdigest() != self.digests[b]:
@@ -279,3 +285,12 @@ def _spec(i: int, count: int, d: dict[str, Any]) -> ShardSpec:
     sid = shard_id(i, count)
     sources = tuple(ShardSource(**s) for s in d["sources"])
     return ShardSpec(sid, f"shards/{sid}.jsonl", **{**d, "sources": sources})
+
+
+def _read_full(stream: Any, n: int) -> bytes:
+    """``n`` bytes of ``stream``, fewer only where it ends (a raw read may return less than asked)."""
+    parts, got = [], 0
+    while got < n and (chunk := stream.read(n - got)):
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)

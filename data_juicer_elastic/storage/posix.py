@@ -159,9 +159,14 @@ class PosixStore:
         opened = self._open_file(key)
         if opened is None:
             return None
-        with os.fdopen(opened[0], "rb") as f:
-            f.seek(start)
-            return f.read(max(end - start, 0))  # a buffered read: whole, or short where the file ends
+        fd, parts, at = opened[0], [], start
+        try:
+            while at < end and (chunk := os.pread(fd, end - at, at)):  # whole, or short where the file ends
+                parts.append(chunk)
+                at += len(chunk)
+        finally:
+            os.close(fd)
+        return b"".join(parts)
 
     def open_read(self, key: str) -> BinaryIO | None:
         # open's own fstat refuses a folder: one open and one fstat, as a plain open() of the path costs

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import PurePosixPath
 from urllib.parse import urlsplit
 
 SCHEME = "s3://"
@@ -30,3 +31,26 @@ def split_s3(url: str) -> tuple[str, str]:
     if parts.query or parts.fragment:
         raise ValueError(f"{url}: an s3:// URL takes no query or fragment ('?', '#')")
     return parts.netloc, url[len(SCHEME) + len(parts.netloc) :].removeprefix("/")
+
+
+class ObjectPath(PurePosixPath):
+    """A name inside a job dir on an object store, spelled as a path (``job.root / "state" / ...``) so the
+    job's layout is written once for both backends; ``str`` gives its ``s3://`` URL, for messages.
+
+    It is no local file: ``os.fspath`` (so ``open``, ``os.stat``, ``Path(...)``) raises TypeError, and it
+    has no ``exists``/``is_dir``, so a reader not yet moved onto the store fails loudly rather than reading
+    the local disk. ``JobDir.key`` turns it into the store's key.
+    """
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        return "s3:/" + text if self.is_absolute() else text  # "/bucket/key" -> "s3://bucket/key"
+
+    def __fspath__(self) -> str:
+        raise TypeError(f"{self}: a key of an object store, not a local file: read it through the job's store")
+
+    @classmethod
+    def of(cls, url: str) -> ObjectPath:
+        """The root of the job dir ``s3://bucket/prefix``."""
+        bucket, key = split_s3(url)
+        return cls("/", bucket, *(p for p in key.split("/") if p))

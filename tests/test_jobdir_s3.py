@@ -1,0 +1,70 @@
+"""A job dir given as an ``s3://`` URL (``JobDir`` on the S3 store, against a moto server).
+
+Prepare does not write to a store yet, so each test prepares a job on disk and mirrors its files, key for
+key, under a fresh prefix: what a prepare on the store will publish. ``JobDir(url)`` must then read the
+same manifest, generations and records as ``JobDir(path)``, through the store only: its paths are
+``ObjectPath``s, which no local file call takes.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from data_juicer_elastic.errors import IntegrityError, UserError
+from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.storage.store import Store, store_for
+from data_juicer_elastic.storage.urls import ObjectPath
+
+from .jobs import make_job
+from .prep_helpers import finish_all
+from .s3server import use_env
+from .test_store_contract import BUCKET, moto_env  # noqa: F401 (moto_env: the server, one per module)
+
+
+def mirror(local: JobDir, monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> tuple[str, Store]:
+    """Every file of the job dir ``local`` copied to a fresh prefix of the bucket: its URL and store."""
+    use_env(monkeypatch, env)
+    url = f"s3://{BUCKET}/jobs/{uuid.uuid4().hex[:12]}"
+    store = store_for(url)
+    for folder, _, files in os.walk(local.root):
+        for name in files:
+            path = Path(folder) / name
+            if not name.startswith(".") and not path.is_symlink():
+                assert store.upload(local.key(path), path, create_once=True) is not None
+    return url, store
+
+
+def test_a_job_dir_on_s3_reads_as_the_same_job(tmp_path, moto_env, monkeypatch):  # noqa: F811
+    local = make_job(tmp_path, rows=300, shards=70)  # two blocks of the shard table
+    finish_all(local, hosts=("n1", "n2"))
+    url, _ = mirror(local, monkeypatch, moto_env)
+    job = JobDir(url)
+    assert isinstance(job.root, ObjectPath) and str(job.root) == url and job.on_object_store
+    assert job.exists() and not job.legacy()
+    assert job.generation == local.generation and job.generation_ids() == local.generation_ids()
+    assert str(job.gen_dir) == f"{url}/generations/{local.generation}"
+    ours, theirs = job.manifest(), local.manifest()
+    assert ours.to_dict() == theirs.to_dict() and list(ours.shards) == list(theirs.shards)
+    assert job.done_ids() == local.done_ids() and len(job.done_ids()) == 70
+    sid = theirs.shards[69].id
+    assert job.key(job.shard_file(sid)) == local.key(local.shard_file(sid))
+    with pytest.raises(TypeError, match="not a local file"):
+        open(job.shard_file(sid), "rb")  # a reader not moved onto the store fails loudly, never reads the disk
+    assert JobDir(job.root).generation == job.generation  # an ObjectPath names the job again
+
+
+def test_a_missing_or_edited_job_on_s3_is_refused_naming_its_url(tmp_path, moto_env, monkeypatch):  # noqa: F811
+    local = make_job(tmp_path, rows=300, shards=70)
+    url, store = mirror(local, monkeypatch, moto_env)
+    with pytest.raises(UserError, match=f"{url}-none: no manifest.json; run `dj-elastic prepare`"):
+        JobDir(f"{url}-none").manifest()
+    table = store.read("shards/_table.jsonl")
+    assert table is not None
+    edited = table[0].replace(b'"rows":', b'"rows": ', 1)
+    assert store.replace("shards/_table.jsonl", edited) is not None
+    with pytest.raises(IntegrityError, match=rf"{url}/shards/_table.jsonl: block 0 .* was edited after prepare"):
+        JobDir(url).manifest()
