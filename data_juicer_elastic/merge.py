@@ -43,7 +43,6 @@ from data_juicer_elastic.progress import ProgressBar
 from data_juicer_elastic.storage.blocks import BLOCK, Digester, blocks, digest_file
 from data_juicer_elastic.storage.bulk_write import BulkWriter
 from data_juicer_elastic.storage.files import (
-    atomic_write,
     disk_full_in,
     dumps_json,
     fsync_dir,
@@ -474,8 +473,8 @@ def _record(
     ``_SUCCESS`` lists each part's); ``format``: jsonl or parquet, so a rerun asking for the other is no match.
     An s3:// output is stamped by its size and ETag (a folder's: its ``_SUCCESS``'s), its VersionId beside."""
     remote = {} if stamp is None else {"etag": stamp.etag, "version_id": stamp.version_id}
-    atomic_write(
-        job.merge_record_path,
+    job.store.replace(
+        job.key(job.merge_record_path),
         dumps_json(
             {
                 "output": str(out),

@@ -174,7 +174,7 @@ def build(
     snap.swept = max(snap.done, 0)
     snap.legacy_done = previous.legacy_done if previous else 0
     snap.done = snap.swept + snap.legacy_done
-    snap.failed = sorted(job.failed_ids()) if job.failed_dir.exists() else []
+    snap.failed = sorted(job.failed_ids())  # a missing folder lists none
     snap.fallback_at = previous.fallback_at if previous else 0.0
     if _needs_fallback(snap, job, store, now):
         if again:  # the records read may predate the job's last claims: read them once more first
