@@ -20,8 +20,9 @@ hashed by the worker before it published the done record, and
 what folder export exists to avoid.
 
 Where a link is impossible (the folder on another file system, a file
-system without hard links) the part is copied instead, checked against its
-record as the merge checks it. A killed export leaves parts and no
+system without hard links, a job dir on S3) the part is copied instead, read
+through the job's store (``parquet_out.open_checked``) and checked against
+its record as the merge checks it. A killed export leaves parts and no
 ``_SUCCESS``: an export into that folder resumes, keeping each part that is
 already the shard's output. A complete folder that holds exactly these
 outputs is left as it is (nothing rewritten).
@@ -35,10 +36,11 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
+from data_juicer_elastic import parquet_out
 from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.job.records.done import DoneRecord
 from data_juicer_elastic.storage.blocks import BLOCK, Digester, FileDigest, blocks, digest_file
@@ -51,6 +53,9 @@ from data_juicer_elastic.storage.files import (
     temp_name,
     unlink_quietly,
 )
+
+if TYPE_CHECKING:
+    from data_juicer_elastic.job.layout import JobDir
 
 SUCCESS = "_SUCCESS"
 MERGE_JSON = "merge.json"  # what ``dj-elastic verify`` checks an export against, as the problems name it
@@ -92,8 +97,10 @@ def export_folder(
     *,
     overwrite: bool,
     log: Callable[[str], Any] = print,
+    job: JobDir | None = None,
 ) -> FolderExport:
-    """Publish ``records`` into ``folder`` as part files, then ``_SUCCESS``."""
+    """Publish ``records`` into ``folder`` as part files, then ``_SUCCESS``; the outputs are ``job``'s
+    (``parquet_out.attempt_file``): linked where its store is a POSIX folder, else copied through it."""
     manifest = _manifest(records)
     if _prepare_folder(folder, manifest, overwrite):
         return _result(folder, records, kept=len(records))
@@ -101,7 +108,7 @@ def export_folder(
     linked = copied = kept = 0
     wanted = {part_name(r.shard) for r, _ in records}
     for record, path in records:
-        how = _publish_part(record, path, folder / part_name(record.shard))
+        how = _publish_part(record, path, folder / part_name(record.shard), job)
         linked += how == "linked"
         copied += how == "copied"
         kept += how == "kept"
@@ -174,8 +181,26 @@ def _parts_in_place(folder: Path, manifest: dict) -> bool:
     return True
 
 
-def _publish_part(record: DoneRecord, path: Path, target: Path) -> str:
-    """Put the shard's output at ``target``: ``linked``, ``copied`` or ``kept`` (already there)."""
+def _publish_part(record: DoneRecord, path: Path, target: Path, job: JobDir | None) -> str:
+    """Put the shard's output at ``target``: ``linked``, ``copied`` or ``kept`` (already there). An output
+    in a store that is no POSIX folder (S3) has no file to stat or link: it is copied, checked as it is read."""
+    local = parquet_out.is_local(parquet_out.attempt_file(job, path)[0])
+    if local and _in_place(record, path, target):
+        return "kept"
+    tmp = temp_name(target)
+    try:
+        how = "linked" if local and _linked(path, tmp) else "copied"
+        if how == "copied":
+            _copy_checked(record, path, tmp, job)
+        os.replace(tmp, target)
+    finally:
+        unlink_quietly(tmp)
+    return how
+
+
+def _in_place(record: DoneRecord, path: Path, target: Path) -> bool:
+    """Is the output file at ``path`` already ``target`` (a link an earlier export made)? Its size is checked
+    against the record first (a stat: the content was hashed by the worker, and by ``verify_folder``)."""
     try:
         st = os.stat(path)
     except OSError as exc:
@@ -188,30 +213,27 @@ def _publish_part(record: DoneRecord, path: Path, target: Path) -> str:
             "it changed after the worker verified it: restore it, or archive the record and rerun the shard"
         )
     try:
-        if os.path.samefile(path, target):
-            return "kept"
+        return os.path.samefile(path, target)
     except OSError:
-        pass
-    tmp = temp_name(target)
+        return False
+
+
+def _linked(path: Path, tmp: Path) -> bool:
+    """Hard-link ``path`` at ``tmp``; False where no link is possible (``_NO_LINK``: copy instead)."""
     try:
-        try:
-            os.link(path, tmp)
-            how = "linked"
-        except OSError as exc:
-            if exc.errno not in _NO_LINK:
-                raise
-            _copy_checked(record, path, tmp)
-            how = "copied"
-        os.replace(tmp, target)
-    finally:
-        unlink_quietly(tmp)
-    return how
+        os.link(path, tmp)
+    except OSError as exc:
+        if exc.errno not in _NO_LINK:
+            raise
+        return False
+    return True
 
 
-def _copy_checked(record: DoneRecord, path: Path, tmp: Path) -> None:
-    """Copy ``path`` to ``tmp`` (fsynced), checking rows, bytes and sha256 against the record as it goes."""
+def _copy_checked(record: DoneRecord, path: Path, tmp: Path, job: JobDir | None) -> None:
+    """Copy the output at ``path`` (read through ``job``'s store) to ``tmp`` (fsynced), checking rows, bytes
+    and sha256 against the record as it goes."""
     d = Digester()
-    with open(path, "rb", buffering=0) as src, open(tmp, "xb") as dst:
+    with parquet_out.open_checked(job, record.shard, path) as src, open(tmp, "xb") as dst:
         for block in blocks(src, bytearray(BLOCK)):
             d.update(block)
             dst.write(block)
@@ -373,14 +395,16 @@ def export_parquet_folder(
     *,
     overwrite: bool,
     log: Callable[[str], Any] = print,
+    job: JobDir | None = None,
 ) -> FolderExport:
     """Publish each attempt's ``processed.parquet`` (``parquet_out``) as a part, linked where every part
-    already has one schema; parts whose schema differs are rewritten with the union. ``_SUCCESS`` last."""
-    from data_juicer_elastic import parquet_out
-
-    found = [(r, *parquet_out.shard_parquet(r, path)) for r, path in records]
-    for r, path, meta in found:
-        _check_size(r.shard, path, meta["bytes"])
+    already has one schema; parts whose schema differs are rewritten with the union. ``_SUCCESS`` last.
+    The parts are ``job``'s, read through its store; copied (checked) where it is no POSIX folder."""
+    found = [(r, *parquet_out.shard_parquet(r, path, job)) for r, path in records]
+    local = [parquet_out.is_local(parquet_out.attempt_file(job, path)[0]) for _, path, _ in found]
+    for (r, path, meta), here in zip(found, local, strict=True):
+        if here:  # elsewhere the bytes are checked as they are copied
+            _check_size(r.shard, path, meta["bytes"])
     key = [_source_entry(r, meta) for r, _, meta in found]
     success = folder / SUCCESS
     if folder.exists() and success.exists():
@@ -389,27 +413,23 @@ def export_parquet_folder(
             return _parquet_result(folder, found, kept=len(found))
     _prepare_folder(folder, {"parts": None}, overwrite)
     remove_dead_temps_in(folder)
-    schema = parquet_out.part_schema_problem([path for _, path, _ in found])
+    schemas, schema = parquet_out.part_schemas([(r.shard, path, meta) for r, path, meta in found], job)
     parts, linked, copied = [], 0, 0
-    for r, path, meta in found:
+    for (r, path, meta), own, here in zip(found, schemas, local, strict=True):
         target = folder / part_name(r.shard, "parquet")
         tmp = temp_name(target)
         d = None
         try:
-            if schema is not None and not parquet_out.schema_of_file(path).equals(schema):
-                parquet_out.read_checked(r.shard, path, meta)  # what is rewritten is what the worker wrote
-                parquet_out.rewrite_part(path, tmp, schema)
+            if schema is not None and not own.equals(schema):
+                checked = parquet_out.read_checked(r.shard, path, meta, job)  # what the worker wrote is rewritten
+                parquet_out.rewrite_part(checked, tmp, schema)
                 d = digest_file(tmp)
                 copied += 1
+            elif here and _linked(path, tmp):
+                linked += 1
             else:
-                try:
-                    os.link(path, tmp)
-                    linked += 1
-                except OSError as exc:
-                    if exc.errno not in _NO_LINK:
-                        raise
-                    tmp.write_bytes(bytes(parquet_out.read_checked(r.shard, path, meta)))
-                    copied += 1
+                tmp.write_bytes(bytes(parquet_out.read_checked(r.shard, path, meta, job)))
+                copied += 1
             os.replace(tmp, target)
         finally:
             unlink_quietly(tmp)

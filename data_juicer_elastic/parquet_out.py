@@ -21,6 +21,10 @@ lives in the same attempt folder, and its sidecar's rows must equal the done
 record's, its bytes and sha256 the file's, checked as the file is read (one
 read) by the one-file merge, by stat by the folder export (as for JSONL
 parts), and re-hashed by ``verify``.
+
+The attempt's files are read through the job's store (``attempt_file``): a
+file on POSIX, an object on S3. A schema is read from the footer alone (one
+ranged read), a part whole (``open_read``) once, as it is checked.
 """
 
 from __future__ import annotations
@@ -28,18 +32,24 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import orjson
 
 from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.storage.files import dumps_json, fsync_dir, temp_name, unlink_quietly
+from data_juicer_elastic.storage.posix import PosixStore
+from data_juicer_elastic.storage.store import Store
+
+if TYPE_CHECKING:
+    from data_juicer_elastic.job.layout import JobDir
 
 PARQUET = "parquet"
 JSONL = "jsonl"
 OUTPUT = "processed.parquet"  # beside the attempt's processed.jsonl
 SIDECAR = "processed.parquet.json"  # its rows, bytes and sha256, written after it
 ROW_GROUP = 64 * 1024  # rows per row group, the same as pyarrow's write_table default (1 Mi) would be too coarse
+FOOTER_TAIL = 64 << 10  # a schema's first ranged read: the footer of a part file with a few hundred columns
 
 _SCALARS = {"null": "null", "bool": "bool_", "int": "int64", "float": "float64", "string": "string"}
 
@@ -113,8 +123,9 @@ def wants_parquet(export_path: str | None, export_type: str | None) -> bool:
     return str(export_path or "").endswith(".parquet") or export_type == PARQUET
 
 
-def output_format(output: str, recipe_path: str | os.PathLike | None = None) -> str:
-    """``parquet`` or ``jsonl``: a file's suffix says; a folder takes its recipe's export (``wants_parquet``)."""
+def output_format(output: str, recipe_path: Path | None = None, job: JobDir | None = None) -> str:
+    """``parquet`` or ``jsonl``: a file's suffix says; a folder takes its recipe's export (``wants_parquet``),
+    the recipe read through ``job``'s store (``attempt_file``)."""
     ext = os.path.splitext(os.path.basename(os.path.abspath(os.fspath(output))))[1]
     if ext == ".parquet":
         return PARQUET
@@ -123,12 +134,49 @@ def output_format(output: str, recipe_path: str | os.PathLike | None = None) -> 
     try:
         import yaml
 
-        recipe = yaml.safe_load(Path(recipe_path).read_bytes())
+        recipe = yaml.safe_load(read_whole(*attempt_file(job, recipe_path)) or b"")
     except (OSError, ValueError):
         return JSONL
     if not isinstance(recipe, dict):
         return JSONL
     return PARQUET if wants_parquet(recipe.get("export_path"), recipe.get("export_type")) else JSONL
+
+
+# --------------------------------------------------------------------------- the job's files, through its store
+def attempt_file(job: JobDir | None, path: str | os.PathLike) -> tuple[Store, str]:
+    """The store and key a job-dir file is read through: the job's (``JobDir.key``). Without a job (a caller
+    that hands none on yet: merge.py's one-file Parquet merge), the file's own folder as a PosixStore."""
+    path = Path(path)
+    if job is None:
+        return PosixStore(path.parent), path.name
+    return job.store, job.key(path)
+
+
+def is_local(store: Store) -> bool:
+    """Is ``store`` a POSIX folder, whose files a path names (hard links, pyarrow reading a path)?"""
+    return isinstance(store, PosixStore)
+
+
+def read_whole(store: Store, key: str) -> bytes | None:
+    """``key``'s bytes (``open_read``, so a large part is never a ``read`` of a small record); None when missing."""
+    stream = store.open_read(key)
+    if stream is None:
+        return None
+    with stream:
+        return stream.read()
+
+
+def open_checked(job: JobDir | None, shard: str, path: Path) -> BinaryIO:
+    """An attempt's file as a stream through the job's store; IntegrityError when it is missing or unreadable."""
+    store, key = attempt_file(job, path)
+    try:
+        stream = store.open_read(key)
+        if stream is not None:
+            return stream
+        reason = "it is missing"
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+    raise IntegrityError(f"shard {shard}: {path} cannot be read ({reason}); restore it or rerun the shard")
 
 
 # --------------------------------------------------------------------------- the attempt's Parquet output
@@ -164,12 +212,16 @@ def write_shard_parquet(table: Any, attempt_dir: str | os.PathLike, columns: Any
     return out
 
 
-def shard_parquet(record: Any, jsonl_path: Path) -> tuple[Path, dict]:
-    """The Parquet output beside a done record's JSONL output and its sidecar, rows checked against the record."""
+def shard_parquet(record: Any, jsonl_path: Path, job: JobDir | None = None) -> tuple[Path, dict]:
+    """The Parquet output beside a done record's JSONL output and its sidecar (read through ``job``'s store),
+    rows checked against the record."""
     path = jsonl_path.with_name(OUTPUT)
     side = jsonl_path.with_name(SIDECAR)
     try:
-        meta = orjson.loads(side.read_bytes())
+        data = read_whole(*attempt_file(job, side))
+        if data is None:
+            raise FileNotFoundError(side)
+        meta = orjson.loads(data)
     except FileNotFoundError:
         raise UserError(
             f"shard {record.shard}: {path} is missing: this generation's outputs were written as JSONL only "
@@ -202,14 +254,16 @@ def describe_part_mismatch(shard: str, path: Path, meta: dict, size: int, sha: s
     )
 
 
-def read_checked(shard: str, path: Path, meta: dict) -> Any:
-    """The Parquet file's bytes, read once and checked against its sidecar, as a pyarrow buffer."""
+def read_checked(shard: str, path: Path, meta: dict, job: JobDir | None = None) -> Any:
+    """The Parquet file's bytes, read once (through ``job``'s store) and checked against its sidecar, as a
+    pyarrow buffer."""
     import hashlib
 
     import pyarrow as pa
 
     try:
-        data = path.read_bytes()
+        with open_checked(job, shard, path) as stream:
+            data = stream.read()
     except OSError as exc:
         raise IntegrityError(f"shard {shard}: {path} cannot be read ({exc.strerror}); rerun the shard") from exc
     problem = describe_part_mismatch(shard, path, meta, len(data), hashlib.sha256(data).hexdigest())
@@ -225,27 +279,44 @@ def schema_of(buf: Any) -> Any:
     return pq.ParquetFile(pa.BufferReader(buf)).schema_arrow
 
 
-def schema_of_file(path: Path) -> Any:
-    import pyarrow.parquet as pq
+def schema_of_file(shard: str, path: Path, size: int, job: JobDir | None = None) -> Any:
+    """The schema in the footer of the ``size`` bytes at ``path``: its tail alone, read through ``job``'s store
+    (one ranged read; a second where the footer is larger than ``FOOTER_TAIL``)."""
+    import pyarrow as pa
 
-    return pq.read_schema(path)
+    store, key = attempt_file(job, path)
+    tail = store.open_range(key, max(size - FOOTER_TAIL, 0), size)
+    if tail is not None and len(tail) >= 8 and tail[-4:] == b"PAR1":
+        need = int.from_bytes(tail[-8:-4], "little") + 8
+        if need > len(tail) and need <= size:
+            tail = store.open_range(key, size - need, size)
+        if tail is not None and need <= len(tail):
+            try:
+                return schema_of(pa.py_buffer(b"PAR1" + tail[-need:]))  # the leading magic a reader looks for
+            except (OSError, ValueError):
+                pass
+    why = "it is missing" if tail is None else f"its last {size} bytes hold no Parquet footer"
+    raise IntegrityError(f"shard {shard}: {path} cannot be read ({why}); restore it or rerun the shard")
 
 
-def write_merged(parts: list[tuple[str, Path, dict]], out: Path, tick: Any = None) -> tuple[int, int]:
+def write_merged(
+    parts: list[tuple[str, Path, dict]], out: Path, tick: Any = None, job: JobDir | None = None
+) -> tuple[int, int]:
     """The parts' rows, in order, into the one Parquet file ``out`` (written to a temp path by the caller).
 
     Each part is read once (checked against its sidecar); its schema is read from its footer first, so the
     file is written with the union of every part's schema. Returns rows and bytes of the file (fsynced).
+    The parts are read through ``job``'s store.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    schemas = [pq.read_schema(path) for _, path, _ in parts]  # footers only
+    schemas = [schema_of_file(shard, path, meta["bytes"], job) for shard, path, meta in parts]  # footers only
     schema = schemas[0] if len(set(map(str, schemas))) == 1 else unify(schemas)
     rows = 0
     with pq.ParquetWriter(out, schema) as writer:
         for shard, path, meta in parts:
-            f = pq.ParquetFile(pa.BufferReader(read_checked(shard, path, meta)))
+            f = pq.ParquetFile(pa.BufferReader(read_checked(shard, path, meta, job)))
             for i in range(f.num_row_groups):
                 table = conform(f.read_row_group(i), schema)
                 writer.write_table(table, row_group_size=ROW_GROUP)
@@ -259,21 +330,21 @@ def write_merged(parts: list[tuple[str, Path, dict]], out: Path, tick: Any = Non
         return rows, os.fstat(fh.fileno()).st_size
 
 
-def part_schema_problem(paths: list[Path]) -> Any:
-    """None when every part file has one schema, else the union to rewrite the others with."""
-    import pyarrow.parquet as pq
-
-    schemas = [pq.read_schema(p) for p in paths]
+def part_schemas(parts: list[tuple[str, Path, dict]], job: JobDir | None = None) -> tuple[list[Any], Any]:
+    """Each part's schema (its footer, through ``job``'s store), and None when they are one schema, else the
+    union to rewrite the others with."""
+    schemas = [schema_of_file(shard, path, meta["bytes"], job) for shard, path, meta in parts]
     if len({str(s) for s in schemas}) <= 1:
-        return None
-    return unify(schemas)
+        return schemas, None
+    return schemas, unify(schemas)
 
 
-def rewrite_part(src: Path, dst: Path, schema: Any) -> None:
-    """``src`` cast to ``schema``, written to ``dst`` (fsynced)."""
+def rewrite_part(src: Any, dst: Path, schema: Any) -> None:
+    """The part's checked bytes ``src`` (``read_checked``) cast to ``schema``, written to ``dst`` (fsynced)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    f = pq.ParquetFile(src)
+    f = pq.ParquetFile(pa.BufferReader(src))
     with pq.ParquetWriter(dst, schema) as writer:
         for i in range(f.num_row_groups):
             writer.write_table(conform(f.read_row_group(i), schema), row_group_size=ROW_GROUP)

@@ -6,8 +6,9 @@ file where prepare put it and writes straight into the attempt's folder
 files to write into (docs/OBJECT_STORE.md, invariants 4-6): the shard is
 downloaded to ``$TMPDIR/dje-<job-hash>/<shard>/<attempt>/``, the runner writes
 there, and the files readers expect in the attempt's folder (the output,
-``ops.json``, ``process.log``) are uploaded before the done record may be
-published (``Scratch``). ``attempt.json`` is a store record either way.
+``ops.json``, ``process.log``; a Parquet-exporting recipe's
+``processed.parquet`` and its sidecar) are uploaded before the done record
+may be published (``Scratch``). ``attempt.json`` is a store record either way.
 The scratch folder goes when the attempt ends, however it ends.
 """
 
@@ -21,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
+from data_juicer_elastic import parquet_out
 from data_juicer_elastic.errors import IntegrityError
 from data_juicer_elastic.job.attempt_files import AttemptDir
 from data_juicer_elastic.job.layout import JobDir, attempt_name
@@ -32,6 +34,9 @@ from data_juicer_elastic.worker.outputs import OutputDigest
 
 READ_CHUNK = 16 << 20  # the re-read of an uploaded output, one ranged read at a time
 KEPT = (AttemptDir.OPS, AttemptDir.LOG)  # what a failed attempt's folder holds for status, report and people
+# written beside the output where the recipe exports Parquet (``write_shard_parquet``), the sidecar last: the
+# exports read both (``parquet_out.shard_parquet``), so a done attempt's store holds them as its output
+BESIDE = (parquet_out.OUTPUT, parquet_out.SIDECAR)
 
 
 class Placement(Protocol):
@@ -117,13 +122,13 @@ class Scratch:
         return local
 
     def keep(self, digest: OutputDigest | None = None) -> None:
-        """The output first: a failure after it (its check, an upload) keeps the log with its traceback."""
+        """The output first, then its Parquet files: a failure after it (its check, an upload) keeps the log
+        with its traceback."""
         if digest is not None:
             self._upload(AttemptDir.OUTPUT)
             self._check(digest)
-        for name in KEPT:
-            if name not in self.kept and (self.folder / name).exists():
-                self._upload(name)
+            self._upload_present(BESIDE)
+        self._upload_present(KEPT)
 
     def drop(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
@@ -131,6 +136,12 @@ class Scratch:
             self.folder.parent.rmdir()  # the shard's folder, once no other attempt of it runs here
         except OSError:
             pass
+
+    def _upload_present(self, names: tuple[str, ...]) -> None:
+        """Those of ``names`` the runner wrote, not kept already, in order."""
+        for name in names:
+            if name not in self.kept and (self.folder / name).exists():
+                self._upload(name)
 
     def _upload(self, name: str) -> None:
         key = f"{self.prefix}/{name}"
