@@ -14,10 +14,11 @@ def test_a_link_planted_at_an_outcome_or_a_ballot_is_not_followed(tmp_path):
     are): a file outside the job dir is no abort, and names no winner."""
     job = tmp_path / "job"
     run = RunDir.open(PosixStore(job), run_key("r1"), "r1", "n1")
+    path = job / run.prefix  # the run's folder: links are planted by path
     outside = tmp_path / "outside.json"
     outside.write_bytes(dumps_json({"exit_code": EXIT_FAILED, "message": "planted", "host": "x", "pid": 1}))
-    os.symlink(outside, run.path("abort.json"))
+    os.symlink(outside, path / "abort.json")
     assert run.aborted() is None
-    os.makedirs(run.path("hosts"))
-    os.symlink(outside, run.path("hosts/n1.json"))
+    os.makedirs(path / "hosts")
+    os.symlink(outside, path / "hosts/n1.json")
     assert run.elect("hosts/n1.json", replace_gone=True) == (False, {})

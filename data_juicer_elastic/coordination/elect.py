@@ -1,10 +1,11 @@
 """A coordinator role (prepare, finalize): one process wins it and works, the others wait.
 
-The winner renews its election file while it works (a ``LeaseRefresher``)
-and publishes its outcome, whatever happens: an error becomes a failed
-outcome, an interruption too. A waiter publishes the coordinator's failure
-itself once that heartbeat is older than ``wait_timeout_secs`` by the shared
-filesystem's clock, so nobody waits forever on a killed coordinator.
+The winner renews its ballot through the store while it works (a
+``LeaseRefresher``, from the version its election wrote) and publishes its
+outcome, whatever happens: an error becomes a failed outcome, an
+interruption too. A waiter publishes the coordinator's failure itself once
+that heartbeat is older than ``wait_timeout_secs`` by the store's clock, so
+nobody waits forever on a killed coordinator.
 """
 
 from __future__ import annotations
@@ -34,13 +35,14 @@ def coordinate(
 
     ``on_interrupted`` sees the failure of a coordinator told to stop before the election publishes it.
     """
-    won, ballot = run.elect(f"{role}.coordinator.json")
+    name = f"{role}.coordinator.json"
+    won, ballot = run.elect(name)
     if not won:
         log(f"{role} coordinator is host={ballot.get('host')} pid={ballot.get('pid')}; waiting for it")
         return wait_for_result(run, role, ballot, spec)
     log(f"elected as {role} coordinator")
     interval = min(spec.poll_interval_secs, spec.timeout / 4)
-    with LeaseRefresher(run.path(f"{role}.coordinator.json"), interval, log=log):
+    with LeaseRefresher(run.store, run.key(name), run.won[name], interval, log=log):
         return run.publish(f"{role}.result.json", _work(run, role, work, log, on_interrupted))
 
 

@@ -30,7 +30,7 @@ from data_juicer_elastic.job.records._read import MISSING, load_key
 from data_juicer_elastic.storage.files import dumps_json
 from data_juicer_elastic.storage.host import holder_gone, identity
 from data_juicer_elastic.storage.posix import PosixStore
-from data_juicer_elastic.storage.store import Store
+from data_juicer_elastic.storage.store import Store, Ver
 
 EXIT_OK, EXIT_FAILED = 0, 2
 
@@ -77,6 +77,7 @@ class RunDir:
     run_id: str
     host: str
     pid: int
+    won: dict[str, Ver | None] = field(default_factory=dict, repr=False, compare=False)  # ballots this process wrote
 
     @classmethod
     def at(cls, store: Store, prefix: str, run_id: str, host: str, pid: int | None = None) -> RunDir:
@@ -108,12 +109,6 @@ class RunDir:
         """``name`` (relative to this folder) as a key of ``store``."""
         return f"{self.prefix}/{name}"
 
-    def path(self, name: str) -> Path:
-        """The file of ``name`` on a POSIX job dir: for what still works on paths (the ballot's refresher)."""
-        if not isinstance(self.store, PosixStore):
-            raise TypeError(f"{self.where(name)}: a key of {type(self.store).__name__} has no path")
-        return self.store.path(self.key(name))
-
     def where(self, name: str = "") -> str:
         """``name`` (the folder itself when empty) as messages name it: its path on POSIX, else store and key."""
         key = self.key(name) if name else self.prefix
@@ -138,11 +133,15 @@ class RunDir:
         """Stand in the election ``name``: (won, the winner's ballot).
 
         With ``replace_gone``, a winner of this host that provably no longer runs (``storage.host.holder_gone``:
-        a node killed and started again under the same host name) is replaced at once (``_succeed``).
+        a node killed and started again under the same host name) is replaced at once (``_succeed``). A won
+        ballot's version (its create's, or the succession's replace's) is kept in ``won``: the coordinator's
+        refresher renews the ballot from it.
         """
         ballot = {"host": self.host, "at": time.time(), **identity(), "pid": self.pid}
         data = dumps_json(ballot)
-        if self.store.create(self.key(name), data) is not None:
+        meta = self.store.create(self.key(name), data)
+        if meta is not None:
+            self.won[name] = meta.ver
             return True, ballot
         if not replace_gone:
             return False, self.record(name)
@@ -167,7 +166,7 @@ class RunDir:
                 return False, held
             link = f"{key}.after-{hashlib.sha256(current).hexdigest()[:24]}"
             if self.store.create(link, data) is not None:  # appears whole: a reader never sees a link being written
-                self.store.replace(key, data)
+                self.won[name] = self.store.replace(key, data)
                 return True, ballot
             current = _bytes(self.store, link)
             if current is None:

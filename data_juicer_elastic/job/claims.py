@@ -6,9 +6,10 @@ with O_CREAT|O_EXCL: attempt numbers are the fencing tokens. Whoever creates
 the same stale lease at once, exactly one wins the next number. A lease lives
 while its owner renews the file's mtime; it is stale once the shared
 filesystem's clock (never the local one) is ``lock_timeout`` past that mtime.
-Heartbeats rewrite a byte of the lease (``storage.touch``), so the file
-server stamps them. Releasing a lease sets its mtime to 1 (the epoch's first
-second: sshfs turns an mtime of 0 into "now"), which makes it claimable at once.
+Heartbeats rewrite a byte of the lease (``Store.renew`` from the refresher,
+``heartbeat``), so the file server stamps them. Releasing a lease sets its
+mtime to 1 (the epoch's first second: sshfs turns an mtime of 0 into "now"),
+which makes it claimable at once.
 
 A lease also records its process's identity (pid, start time, boot id:
 ``storage.host.identity``). A process of the same host that can prove that
@@ -282,11 +283,16 @@ class ClaimStore:
     def renew(self, lease: Lease) -> bool:
         """One heartbeat by hand (the refresher beats on its own); False once the lease is lost or released."""
         key = self.key(lease.shard, lease.attempt)
-        ver = self._vers.get(key) or _ver_now(self.store, key)
+        ver = self.ver(lease)
         new = None if ver is None else self.store.renew(key, ver)
         if new is not None:
             self._vers[key] = new
         return new is not None
+
+    def ver(self, lease: Lease) -> Ver | None:
+        """The lease's version as this process last created or renewed it, else as it is now; None when gone."""
+        key = self.key(lease.shard, lease.attempt)
+        return self._vers.get(key) or _ver_now(self.store, key)
 
     def release(self, lease: Lease) -> None:
         """Make the shard claimable at once (a released mtime reads as infinitely stale)."""
@@ -346,13 +352,16 @@ def heartbeat(
     log: Callable[[str], None],
     on_lost: Callable[[], None] | None = None,
 ) -> LeaseRefresher:
-    """Renews ``lease`` while its attempt runs.
+    """Renews ``lease`` while its attempt runs, through the store, from the version this process holds.
 
     ``.lost`` is set (and ``on_lost`` called) once a later attempt superseded it, or once another
-    attempt of the shard (its backup, or the original it backs up) published the done record.
+    attempt of the shard (its backup, or the original it backs up) published the done record. The
+    refresher then holds the lease's version: ``ClaimStore.renew`` is for beats by hand, never beside it.
     """
     return LeaseRefresher(
-        lease.path,
+        store.store,
+        store.key(lease.shard, lease.attempt),
+        store.ver(lease),
         interval,
         still_ours=lambda: store.is_current(lease) and not is_done(store.job, lease.shard),
         log=log,

@@ -1,15 +1,18 @@
-"""Keep a lease file alive from a background thread, and notice when it is no longer ours.
+"""Keep a lease alive from a background thread, and notice when it is no longer ours.
 
-A lease here is any file whose mtime others read as a heartbeat: a shard's
-claim, an election ballot. Each tick rewrites a byte of it (``touch``: the
-file server stamps the write). Two kinds of failure are told apart:
+A lease here is any key whose age others read as a heartbeat: a shard's
+claim, an election ballot. Each tick renews it through the job dir's store
+(``Store.renew`` with the version the last write handed out: the store stamps
+the beat on its own clock, POSIX by rewriting a byte in place, S3 by an
+``If-Match`` PUT). Two kinds of failure are told apart:
 
-* the lease is lost: the file is gone, another file was put in its place, or
-  the owner's own check (``still_ours``) says a later claim superseded it.
-  Renewing further would be wrong, so the thread stops and sets ``lost``;
-* a transient error (any other OSError: a flaky mount, a full disk): the
-  lease only ages meanwhile, so the next tick tries again. It is logged once
-  per stretch of failures, not on every tick.
+* the lease is lost: ``renew`` found the key gone, released or holding
+  another lease (its bytes or ETag moved), or the owner's own check
+  (``still_ours``) says a later claim superseded it. Renewing further would
+  be wrong, so the thread stops and sets ``lost``;
+* a transient error (any OSError: a flaky mount, a full disk): the lease
+  only ages meanwhile, so the next tick tries again with the same version.
+  It is logged once per stretch of failures, not on every tick.
 """
 
 from __future__ import annotations
@@ -17,9 +20,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
-from data_juicer_elastic.storage.files import touch
+from data_juicer_elastic.storage.store import Store, Ver
 
 
 def _quiet(_: str) -> None:
@@ -27,47 +29,59 @@ def _quiet(_: str) -> None:
 
 
 class LeaseRefresher:
-    """A context manager that renews ``path`` every ``interval`` seconds until it exits or the lease is lost."""
+    """A context manager that renews ``key`` every ``interval`` seconds until it exits or the lease is lost.
+
+    ``ver`` is the version the lease's create (or replace) returned; while the refresher runs it owns the
+    version (``ver``: the one its last renewal handed back), so nobody else renews the same lease meanwhile.
+    """
 
     def __init__(
         self,
-        path: Path,
+        store: Store,
+        key: str,
+        ver: Ver | None,
         interval: float,
         *,
         still_ours: Callable[[], bool] = lambda: True,
         log: Callable[[str], None] = _quiet,
         on_lost: Callable[[], None] | None = None,
     ) -> None:
-        self.path = path
+        self.store = store
+        self.key = key
+        self.ver = ver  # None: the lease was gone before the refresher began (lost at the first tick)
         self.interval = interval
         self.still_ours = still_ours
         self.log = log
         self.on_lost = on_lost  # called once, from the refresher's thread, when the lease is lost
         self.lost = threading.Event()
         self._stop = threading.Event()
-        self._content = _content(path)
         self._renewed = time.monotonic()  # the last successful renewal (the lease's creation, at first)
         self._longest = 0.0  # the longest stretch between two renewals so far
-        self._thread = threading.Thread(target=self._run, name=f"lease-{path.name}", daemon=True)
+        name = key.rpartition("/")[2]
+        self._thread = threading.Thread(target=self._run, name=f"lease-{name}", daemon=True)
 
     def _run(self) -> None:
         failing = False
         while not self._stop.wait(self.interval):
             try:
-                if not self.still_ours() or not self._same_file():
-                    self._lose("superseded, replaced or removed")
-                    return
-                touch(self.path)
-                self._renewed_now()
-            except FileNotFoundError:
-                self._lose("removed")
-                return
+                new = self._renew()
             except OSError as exc:
                 if not failing:
-                    self.log(f"{self.path}: cannot renew the lease ({exc}); retrying every {self.interval:g}s")
+                    self.log(f"{self._where()}: cannot renew the lease ({exc}); retrying every {self.interval:g}s")
                 failing = True
                 continue
+            if new is None:
+                self._lose("superseded, replaced, released or removed")
+                return
+            self.ver = new
+            self._renewed_now()
             failing = False
+
+    def _renew(self) -> Ver | None:
+        """The lease's next version; None when it is lost (the owner's check first: nothing written once superseded)."""
+        if self.ver is None or not self.still_ours():
+            return None
+        return self.store.renew(self.key, self.ver)
 
     def _renewed_now(self) -> None:
         now = time.monotonic()
@@ -78,12 +92,11 @@ class LeaseRefresher:
         """Seconds of the longest stretch without a renewal since the lease was taken, up to now."""
         return max(self._longest, time.monotonic() - self._renewed)
 
-    def _same_file(self) -> bool:
-        """False once another file stands at ``path`` (its bytes differ from the lease's own)."""
-        return not self._content or _content(self.path) == self._content
+    def _where(self) -> str:
+        return f"{self.key} in {self.store.describe()}"
 
     def _lose(self, why: str) -> None:
-        self.log(f"{self.path}: lease lost ({why}); no longer renewing it")
+        self.log(f"{self._where()}: lease lost ({why}); no longer renewing it")
         self.lost.set()
         if self.on_lost is not None:
             self.on_lost()
@@ -95,16 +108,3 @@ class LeaseRefresher:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-
-
-def _content(path: Path) -> bytes:
-    """The lease file's bytes (leases are small; ``touch`` rewrites them unchanged); b"" if missing.
-
-    Content, not the inode, tells a replaced lease: FUSE mounts such as sshfs
-    may number the same file differently over time.
-    """
-    try:
-        with open(path, "rb") as f:
-            return f.read(1 << 16)
-    except FileNotFoundError:
-        return b""
