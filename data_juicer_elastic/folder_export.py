@@ -97,7 +97,7 @@ def export_folder(
     *,
     overwrite: bool,
     log: Callable[[str], Any] = print,
-    job: JobDir | None = None,
+    job: JobDir,
 ) -> FolderExport:
     """Publish ``records`` into ``folder`` as part files, then ``_SUCCESS``; the outputs are ``job``'s
     (``parquet_out.attempt_file``): linked where its store is a POSIX folder, else copied through it."""
@@ -117,7 +117,7 @@ def export_folder(
             os.unlink(folder / name)
     fsync_dir(folder)  # every part's name is durable before the manifest says the folder is complete
     atomic_write(folder / SUCCESS, dumps_json(manifest))
-    if copied:
+    if copied and parquet_out.is_local(job.store):
         log(f"{copied} part(s) were copied: {folder} is not on the job dir's file system (no hard link possible)")
     return _result(folder, records, linked=linked, copied=copied, kept=kept)
 
@@ -181,10 +181,10 @@ def _parts_in_place(folder: Path, manifest: dict) -> bool:
     return True
 
 
-def _publish_part(record: DoneRecord, path: Path, target: Path, job: JobDir | None) -> str:
+def _publish_part(record: DoneRecord, path: Path, target: Path, job: JobDir) -> str:
     """Put the shard's output at ``target``: ``linked``, ``copied`` or ``kept`` (already there). An output
     in a store that is no POSIX folder (S3) has no file to stat or link: it is copied, checked as it is read."""
-    local = parquet_out.is_local(parquet_out.attempt_file(job, path)[0])
+    local = parquet_out.is_local(job.store)
     if local and _in_place(record, path, target):
         return "kept"
     tmp = temp_name(target)
@@ -229,11 +229,11 @@ def _linked(path: Path, tmp: Path) -> bool:
     return True
 
 
-def _copy_checked(record: DoneRecord, path: Path, tmp: Path, job: JobDir | None) -> None:
+def _copy_checked(record: DoneRecord, path: Path, tmp: Path, job: JobDir) -> None:
     """Copy the output at ``path`` (read through ``job``'s store) to ``tmp`` (fsynced), checking rows, bytes
     and sha256 against the record as it goes."""
     d = Digester()
-    with parquet_out.open_checked(job, record.shard, path) as src, open(tmp, "xb") as dst:
+    with job.open_output(record.shard, path) as src, open(tmp, "xb") as dst:
         for block in blocks(src, bytearray(BLOCK)):
             d.update(block)
             dst.write(block)
@@ -395,13 +395,13 @@ def export_parquet_folder(
     *,
     overwrite: bool,
     log: Callable[[str], Any] = print,
-    job: JobDir | None = None,
+    job: JobDir,
 ) -> FolderExport:
     """Publish each attempt's ``processed.parquet`` (``parquet_out``) as a part, linked where every part
     already has one schema; parts whose schema differs are rewritten with the union. ``_SUCCESS`` last.
     The parts are ``job``'s, read through its store; copied (checked) where it is no POSIX folder."""
-    found = [(r, *parquet_out.shard_parquet(r, path, job)) for r, path in records]
-    local = [parquet_out.is_local(parquet_out.attempt_file(job, path)[0]) for _, path, _ in found]
+    found = [(r, *parquet_out.shard_parquet(job, r, path)) for r, path in records]
+    local = [parquet_out.is_local(job.store) for _, path, _ in found]
     for (r, path, meta), here in zip(found, local, strict=True):
         if here:  # elsewhere the bytes are checked as they are copied
             _check_size(r.shard, path, meta["bytes"])
@@ -413,7 +413,7 @@ def export_parquet_folder(
             return _parquet_result(folder, found, kept=len(found))
     _prepare_folder(folder, {"parts": None}, overwrite)
     remove_dead_temps_in(folder)
-    schemas, schema = parquet_out.part_schemas([(r.shard, path, meta) for r, path, meta in found], job)
+    schemas, schema = parquet_out.part_schemas(job, [(r.shard, path, meta) for r, path, meta in found])
     parts, linked, copied = [], 0, 0
     for (r, path, meta), own, here in zip(found, schemas, local, strict=True):
         target = folder / part_name(r.shard, "parquet")
@@ -421,14 +421,14 @@ def export_parquet_folder(
         d = None
         try:
             if schema is not None and not own.equals(schema):
-                checked = parquet_out.read_checked(r.shard, path, meta, job)  # what the worker wrote is rewritten
+                checked = parquet_out.read_checked(job, r.shard, path, meta)  # what the worker wrote is rewritten
                 parquet_out.rewrite_part(checked, tmp, schema)
                 d = digest_file(tmp)
                 copied += 1
             elif here and _linked(path, tmp):
                 linked += 1
             else:
-                tmp.write_bytes(bytes(parquet_out.read_checked(r.shard, path, meta, job)))
+                tmp.write_bytes(bytes(parquet_out.read_checked(job, r.shard, path, meta)))
                 copied += 1
             os.replace(tmp, target)
         finally:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from data_juicer_elastic import parquet_out, s3_export
 from data_juicer_elastic.errors import IntegrityError, UserError
@@ -143,7 +143,7 @@ def _verify_shard(job: JobDir, spec: ShardSpec, buf: bytearray | None) -> tuple[
         return ShardCheck(spec.id, False, problem=NOT_DONE), False
     if buf is not None:
         try:
-            with _open_output(job, spec.id, output) as stream:
+            with job.open_output(spec.id, output) as stream:
                 d = digest_file(stream, buf)
         except IntegrityError as exc:
             return ShardCheck(spec.id, False, record.host, record.rows, str(exc)), True
@@ -178,13 +178,13 @@ def merge(
     _check_target(out, overwrite)
     records = _all_done(job)
     out.parent.mkdir(parents=True, exist_ok=True)
-    parts = [(r.shard, *parquet_out.shard_parquet(r, path)) for r, path in records] if fmt == PARQUET else []
+    parts = [(r.shard, *parquet_out.shard_parquet(job, r, path)) for r, path in records] if fmt == PARQUET else []
     total = sum(m["bytes"] for _, _, m in parts) if parts else sum(r.bytes for r, _ in records)
     bar = ProgressBar(total, "merge", progress)
     remove_dead_temps(out)  # what killed merges left behind (this host's dead pids; others' after an hour)
     try:
         if fmt == PARQUET:
-            rows, size, sha = _write_parquet(parts, out, overwrite, bar)
+            rows, size, sha = _write_parquet(job, parts, out, overwrite, bar)
         else:
             rows, size, sha = _write_merged(job, records, out, overwrite, bar)
     except OSError as exc:
@@ -218,14 +218,14 @@ def _merge_to_s3(
     started, started_at = time.monotonic(), time.time()
     url = s3_export.location(output)
     records = _all_done(job)
-    parts = [(r.shard, *parquet_out.shard_parquet(r, path)) for r, path in records] if fmt == PARQUET else []
+    parts = [(r.shard, *parquet_out.shard_parquet(job, r, path)) for r, path in records] if fmt == PARQUET else []
     total = sum(m["bytes"] for _, _, m in parts) if parts else sum(r.bytes for r, _ in records)
     bar = ProgressBar(total, "merge", progress)
     try:
         if fmt == PARQUET:
             tmp = temp_name(job.gen_dir / "merged.parquet")
             try:
-                rows = parquet_out.write_merged(parts, tmp, lambda n: bar.update(n))[0]
+                rows = parquet_out.write_merged(job, parts, tmp, lambda n: bar.update(n))[0]
                 stamp = s3_export.upload_local(tmp, url, overwrite)
             finally:
                 unlink_quietly(tmp)
@@ -256,7 +256,7 @@ def _export(job: JobDir, output: str, overwrite: bool, log: Callable[[str], Any]
     try:
         exporter = export_parquet_folder if fmt == PARQUET else export_folder
         staged = s3_export.staging_folder(job.gen_dir) if remote else Path(folder)
-        done = exporter(records, staged, overwrite=overwrite or remote, log=log)
+        done = exporter(records, staged, overwrite=overwrite or remote, log=log, job=job)
         stamp = s3_export.upload_folder(staged, folder, overwrite, log).stamp if remote else None
         if remote:
             s3_export.drop_staging(staged)
@@ -316,10 +316,10 @@ def merged_already(job: JobDir, output: str) -> dict | None:
 
 def output_format(job: JobDir, output: str) -> str:
     """``parquet`` or ``jsonl``: what ``output`` gets (a folder: what the generation's recipe exports)."""
-    return parquet_out.output_format(output, job.recipe_path if is_folder_export(output) else None)
+    return parquet_out.output_format(output, job if is_folder_export(output) else None)
 
 
-def _write_parquet(parts: list, out: Path, overwrite: bool, bar: ProgressBar) -> tuple[int, int, None]:
+def _write_parquet(job: JobDir, parts: list, out: Path, overwrite: bool, bar: ProgressBar) -> tuple[int, int, None]:
     """The attempts' Parquet outputs, each checked as it is read, into one Parquet file put in place once."""
     tmp = temp_name(out)
     done = 0
@@ -330,7 +330,7 @@ def _write_parquet(parts: list, out: Path, overwrite: bool, bar: ProgressBar) ->
         bar.update(done)
 
     try:
-        rows, size = parquet_out.write_merged(parts, tmp, tick)
+        rows, size = parquet_out.write_merged(job, parts, tmp, tick)
         _put_in_place(tmp, out, overwrite)
     finally:
         unlink_quietly(tmp)
@@ -420,7 +420,7 @@ def _copy_one(
 ) -> tuple[int, int]:
     record, path = done
     d = Digester()
-    with _open_output(job, record.shard, path) as f:
+    with job.open_output(record.shard, path) as f:
         for block in blocks(f, buf):
             pending: Future = hasher.submit(merged.update, block)
             d.update(block)
@@ -432,18 +432,6 @@ def _copy_one(
     if problem:
         raise IntegrityError(problem)
     return got.rows, got.bytes
-
-
-def _open_output(job: JobDir, sid: str, path: Path) -> BinaryIO:
-    """An attempt's output, read through the job's store (a file here, an object on S3)."""
-    try:
-        stream = job.store.open_read(job.key(path))
-        if stream is not None:
-            return stream
-        reason = "it is missing"
-    except OSError as exc:
-        reason = exc.strerror or str(exc)
-    raise IntegrityError(f"shard {sid}: {path} cannot be read ({reason}); restore it or rerun the shard")
 
 
 def _stamped(out: str | Path, folder: bool) -> str:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -123,18 +123,18 @@ def wants_parquet(export_path: str | None, export_type: str | None) -> bool:
     return str(export_path or "").endswith(".parquet") or export_type == PARQUET
 
 
-def output_format(output: str, recipe_path: Path | None = None, job: JobDir | None = None) -> str:
-    """``parquet`` or ``jsonl``: a file's suffix says; a folder takes its recipe's export (``wants_parquet``),
-    the recipe read through ``job``'s store (``attempt_file``)."""
+def output_format(output: str, job: JobDir | None = None) -> str:
+    """``parquet`` or ``jsonl``: a file's suffix says; a folder takes the recipe of ``job`` (its export,
+    ``wants_parquet``), read through the job's store; without a job, JSONL."""
     ext = os.path.splitext(os.path.basename(os.path.abspath(os.fspath(output))))[1]
     if ext == ".parquet":
         return PARQUET
-    if ext or recipe_path is None:
+    if ext or job is None:
         return JSONL
     try:
         import yaml
 
-        recipe = yaml.safe_load(read_whole(*attempt_file(job, recipe_path)) or b"")
+        recipe = yaml.safe_load(read_whole(job.store, job.key(job.recipe_path)) or b"")
     except (OSError, ValueError):
         return JSONL
     if not isinstance(recipe, dict):
@@ -143,15 +143,6 @@ def output_format(output: str, recipe_path: Path | None = None, job: JobDir | No
 
 
 # --------------------------------------------------------------------------- the job's files, through its store
-def attempt_file(job: JobDir | None, path: str | os.PathLike) -> tuple[Store, str]:
-    """The store and key a job-dir file is read through: the job's (``JobDir.key``). Without a job (a caller
-    that hands none on yet: merge.py's one-file Parquet merge), the file's own folder as a PosixStore."""
-    path = Path(path)
-    if job is None:
-        return PosixStore(path.parent), path.name
-    return job.store, job.key(path)
-
-
 def is_local(store: Store) -> bool:
     """Is ``store`` a POSIX folder, whose files a path names (hard links, pyarrow reading a path)?"""
     return isinstance(store, PosixStore)
@@ -164,19 +155,6 @@ def read_whole(store: Store, key: str) -> bytes | None:
         return None
     with stream:
         return stream.read()
-
-
-def open_checked(job: JobDir | None, shard: str, path: Path) -> BinaryIO:
-    """An attempt's file as a stream through the job's store; IntegrityError when it is missing or unreadable."""
-    store, key = attempt_file(job, path)
-    try:
-        stream = store.open_read(key)
-        if stream is not None:
-            return stream
-        reason = "it is missing"
-    except OSError as exc:
-        reason = exc.strerror or str(exc)
-    raise IntegrityError(f"shard {shard}: {path} cannot be read ({reason}); restore it or rerun the shard")
 
 
 # --------------------------------------------------------------------------- the attempt's Parquet output
@@ -212,13 +190,13 @@ def write_shard_parquet(table: Any, attempt_dir: str | os.PathLike, columns: Any
     return out
 
 
-def shard_parquet(record: Any, jsonl_path: Path, job: JobDir | None = None) -> tuple[Path, dict]:
+def shard_parquet(job: JobDir, record: Any, jsonl_path: Path) -> tuple[Path, dict]:
     """The Parquet output beside a done record's JSONL output and its sidecar (read through ``job``'s store),
     rows checked against the record."""
     path = jsonl_path.with_name(OUTPUT)
     side = jsonl_path.with_name(SIDECAR)
     try:
-        data = read_whole(*attempt_file(job, side))
+        data = read_whole(job.store, job.key(side))
         if data is None:
             raise FileNotFoundError(side)
         meta = orjson.loads(data)
@@ -254,7 +232,7 @@ def describe_part_mismatch(shard: str, path: Path, meta: dict, size: int, sha: s
     )
 
 
-def read_checked(shard: str, path: Path, meta: dict, job: JobDir | None = None) -> Any:
+def read_checked(job: JobDir, shard: str, path: Path, meta: dict) -> Any:
     """The Parquet file's bytes, read once (through ``job``'s store) and checked against its sidecar, as a
     pyarrow buffer."""
     import hashlib
@@ -262,7 +240,7 @@ def read_checked(shard: str, path: Path, meta: dict, job: JobDir | None = None) 
     import pyarrow as pa
 
     try:
-        with open_checked(job, shard, path) as stream:
+        with job.open_output(shard, path) as stream:
             data = stream.read()
     except OSError as exc:
         raise IntegrityError(f"shard {shard}: {path} cannot be read ({exc.strerror}); rerun the shard") from exc
@@ -279,12 +257,12 @@ def schema_of(buf: Any) -> Any:
     return pq.ParquetFile(pa.BufferReader(buf)).schema_arrow
 
 
-def schema_of_file(shard: str, path: Path, size: int, job: JobDir | None = None) -> Any:
+def schema_of_file(job: JobDir, shard: str, path: Path, size: int) -> Any:
     """The schema in the footer of the ``size`` bytes at ``path``: its tail alone, read through ``job``'s store
     (one ranged read; a second where the footer is larger than ``FOOTER_TAIL``)."""
     import pyarrow as pa
 
-    store, key = attempt_file(job, path)
+    store, key = job.store, job.key(path)
     tail = store.open_range(key, max(size - FOOTER_TAIL, 0), size)
     if tail is not None and len(tail) >= 8 and tail[-4:] == b"PAR1":
         need = int.from_bytes(tail[-8:-4], "little") + 8
@@ -299,9 +277,7 @@ def schema_of_file(shard: str, path: Path, size: int, job: JobDir | None = None)
     raise IntegrityError(f"shard {shard}: {path} cannot be read ({why}); restore it or rerun the shard")
 
 
-def write_merged(
-    parts: list[tuple[str, Path, dict]], out: Path, tick: Any = None, job: JobDir | None = None
-) -> tuple[int, int]:
+def write_merged(job: JobDir, parts: list[tuple[str, Path, dict]], out: Path, tick: Any = None) -> tuple[int, int]:
     """The parts' rows, in order, into the one Parquet file ``out`` (written to a temp path by the caller).
 
     Each part is read once (checked against its sidecar); its schema is read from its footer first, so the
@@ -311,12 +287,12 @@ def write_merged(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    schemas = [schema_of_file(shard, path, meta["bytes"], job) for shard, path, meta in parts]  # footers only
+    schemas = [schema_of_file(job, shard, path, meta["bytes"]) for shard, path, meta in parts]  # footers only
     schema = schemas[0] if len(set(map(str, schemas))) == 1 else unify(schemas)
     rows = 0
     with pq.ParquetWriter(out, schema) as writer:
         for shard, path, meta in parts:
-            f = pq.ParquetFile(pa.BufferReader(read_checked(shard, path, meta, job)))
+            f = pq.ParquetFile(pa.BufferReader(read_checked(job, shard, path, meta)))
             for i in range(f.num_row_groups):
                 table = conform(f.read_row_group(i), schema)
                 writer.write_table(table, row_group_size=ROW_GROUP)
@@ -330,10 +306,10 @@ def write_merged(
         return rows, os.fstat(fh.fileno()).st_size
 
 
-def part_schemas(parts: list[tuple[str, Path, dict]], job: JobDir | None = None) -> tuple[list[Any], Any]:
+def part_schemas(job: JobDir, parts: list[tuple[str, Path, dict]]) -> tuple[list[Any], Any]:
     """Each part's schema (its footer, through ``job``'s store), and None when they are one schema, else the
     union to rewrite the others with."""
-    schemas = [schema_of_file(shard, path, meta["bytes"], job) for shard, path, meta in parts]
+    schemas = [schema_of_file(job, shard, path, meta["bytes"]) for shard, path, meta in parts]
     if len({str(s) for s in schemas}) <= 1:
         return schemas, None
     return schemas, unify(schemas)

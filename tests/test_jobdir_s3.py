@@ -16,11 +16,15 @@ import pytest
 
 from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.merge import merge, verify
+from data_juicer_elastic.status import job_status
 from data_juicer_elastic.storage.store import Store, store_for
 from data_juicer_elastic.storage.urls import ObjectPath
+from data_juicer_elastic.worker.loop import run_worker
 
 from .jobs import make_job
-from .prep_helpers import finish_all
+from .prep_helpers import finish_all, shard_bytes
+from .runners import copy
 from .s3server import use_env
 from .test_store_contract import BUCKET, moto_env  # noqa: F401 (moto_env: the server, one per module)
 
@@ -68,3 +72,24 @@ def test_a_missing_or_edited_job_on_s3_is_refused_naming_its_url(tmp_path, moto_
     assert store.replace("shards/_table.jsonl", edited) is not None
     with pytest.raises(IntegrityError, match=rf"{url}/shards/_table.jsonl: block 0 .* was edited after prepare"):
         JobDir(url).manifest()
+
+
+def test_a_worker_then_merge_verify_and_status_run_on_an_s3_job_dir(tmp_path, moto_env, monkeypatch):  # noqa: F811
+    """Leases, heartbeats, lanes, records and each attempt's files (run in node-local scratch, uploaded)
+    on the store; the merge reads the outputs back through it, to a local file, an object and a folder."""
+    local = make_job(tmp_path, rows=120, shards=12)
+    url, _ = mirror(local, monkeypatch, moto_env)
+    result = run_worker(JobDir(url), copy, host="node-a", log=lambda *_: None)
+    assert result.exit_code == 0 and len(result.completed) == 12 and result.job_complete, result
+    assert not any(local.attempts_dir.iterdir()) and not local.done_ids(), "the local copy was written to"
+    want = b"".join(shard_bytes(local.root))
+    job = JobDir(url)
+    assert job_status(job).complete and len(job.done_ids()) == 12
+    merge(job, str(tmp_path / "out.jsonl"), log=lambda *_: None)
+    assert (tmp_path / "out.jsonl").read_bytes() == want and verify(JobDir(url)).ok
+    merge(JobDir(url), f"{url}-export/merged.jsonl", log=lambda *_: None)
+    got = store_for(f"{url}-export").read("merged.jsonl")
+    assert got is not None and got[0] == want
+    done = merge(JobDir(url), str(tmp_path / "parts") + "/", log=lambda *_: None)
+    parts = sorted((tmp_path / "parts").glob("part-*"))
+    assert done.rows == 120 and b"".join(p.read_bytes() for p in parts) == want

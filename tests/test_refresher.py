@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import threading
 import time
 from pathlib import Path
@@ -17,6 +18,7 @@ import orjson
 from data_juicer_elastic.job.claims import ClaimStore
 from data_juicer_elastic.storage.posix import PosixStore
 from data_juicer_elastic.storage.refresher import LeaseRefresher
+from data_juicer_elastic.storage.s3 import S3Store
 from data_juicer_elastic.storage.store import Store, Ver, store_for
 from data_juicer_elastic.worker.loop import run_worker
 
@@ -133,6 +135,25 @@ def test_a_lease_on_s3_is_renewed_then_lost_once_another_holder_replaces_it(moto
         assert other.replace(KEY, THEIRS) is not None
         assert lease.lost.wait(30), "a lease replaced on S3 was not reported lost"
     assert lost.is_set() and store.read(KEY)[0] == THEIRS  # not written back over theirs
+
+
+def test_an_s3_endpoint_that_stops_answering_is_a_transient_error(moto_env, monkeypatch):  # noqa: F811
+    """botocore's errors (here: no connection, once its retries are spent) are logged once and retried, as a
+    flaky mount's OSError is: the refresher's thread goes on and the lease is not called lost."""
+    store = s3_store(monkeypatch, moto_env)
+    meta = store.create(KEY, LEASE, exclusive=True)
+    assert meta is not None
+    with socket.socket() as sock:  # a port nobody listens on: connections are refused at once
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    unreachable = S3Store(store.bucket, store.prefix, endpoint_url=dead)  # type: ignore[attr-defined]
+    unreachable.client.meta.events.register("needs-retry.s3", lambda **kwargs: None)  # fail fast: no backoff
+    logged: list[str] = []
+    with LeaseRefresher(unreachable, KEY, meta.ver, TICK, log=logged.append) as lease:
+        wait_for(lambda: bool(logged), "the failed renewal logged")
+        time.sleep(10 * TICK)  # several more failing ticks
+        assert lease._thread.is_alive() and not lease.lost.is_set()
+    assert len(logged) == 1 and "cannot renew the lease" in logged[0], logged
 
 
 def test_a_worker_whose_lease_file_vanishes_does_not_publish(tmp_path):

@@ -45,7 +45,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 
@@ -356,6 +356,18 @@ class JobDir:
     def attempt_key(self, sid: str, attempt: int) -> str:
         """The attempt record's store key (``attempts/<shard>/<attempt>/attempt.json`` relative to the job root)."""
         return self.key(self.attempt_dir(sid, attempt) / AttemptDir.RECORD)
+
+    def open_output(self, shard: str, path: Path) -> BinaryIO:
+        """An attempt's file (``path`` in this job dir) as a stream through the store, for merge, verify and the
+        exports; IntegrityError, naming the shard and what to do, when it is missing or unreadable."""
+        try:
+            stream = self.store.open_read(self.key(path))
+            if stream is not None:
+                return stream
+            reason = "it is missing"
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+        raise IntegrityError(f"shard {shard}: {path} cannot be read ({reason}); restore it or rerun the shard")
 
     def confine(self, rel: str, what: str = "path") -> Path:
         return confine(self.root, rel, what)

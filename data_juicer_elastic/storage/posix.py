@@ -64,6 +64,8 @@ class PosixStore:
     def __repr__(self) -> str:
         return f"PosixStore({str(self.root)!r})"
 
+    errors: tuple[type[Exception], ...] = (OSError,)
+
     def describe(self) -> str:
         return str(self.root)
 

@@ -65,7 +65,7 @@ class LeaseRefresher:
         while not self._stop.wait(self.interval):
             try:
                 new = self._renew()
-            except OSError as exc:
+            except self.store.errors as exc:  # a flaky mount, a full disk, an endpoint down: the lease only ages
                 if not failing:
                     self.log(f"{self._where()}: cannot renew the lease ({exc}); retrying every {self.interval:g}s")
                 failing = True

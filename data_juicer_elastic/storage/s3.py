@@ -80,6 +80,9 @@ class S3Store:
             raise ValueError(f"storage dialect {dialect!r} is not supported yet; supported: {', '.join(DIALECTS)}")
         self.bucket, self.prefix, self.dialect = bucket, normalise_prefix(prefix), dialect
         self.client, self._client_error = _client(endpoint_url)
+        from botocore.exceptions import BotoCoreError
+
+        self.errors: tuple[type[Exception], ...] = (OSError, self._client_error, BotoCoreError)
         self._beats: dict[str, _Beat] = {}  # by full key; renew threads of one process share the store
         self._beats_lock = threading.Lock()
 

@@ -29,6 +29,11 @@ class Store(Protocol):
     and ``head``/``read`` report ages on the store's clock, never a node's.
     """
 
+    errors: tuple[type[Exception], ...]
+    """What a failed request raises here, lost conditions aside (those are None or False): POSIX OSError; S3
+    also botocore's errors once its retries are spent. A caller that outlives a flaky store (the lease
+    refresher) catches these and tries again; anything else is a bug and propagates."""
+
     def describe(self) -> str:
         """Where the store is, as messages name it (a path; an s3:// URL and its endpoint)."""
         ...
