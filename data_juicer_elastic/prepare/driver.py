@@ -47,6 +47,7 @@ from data_juicer_elastic.prepare.inputs import (
     discover,
     materialise,
 )
+from data_juicer_elastic.prepare.on_store import StoreStaging
 from data_juicer_elastic.prepare.parquet import build as parquet_build
 from data_juicer_elastic.prepare.pool import Counter, make_pool
 from data_juicer_elastic.prepare.request import PrepareRequest
@@ -93,26 +94,27 @@ def prepare(
     recipe_sha = _check_request(req)
     job = JobDir(req.job_dir)
     if not job.exists():
-        _refuse_occupied(job.root)
+        _refuse_occupied(job)
     if job.exists():
         return _existing(job, req, recipe_sha, started, log)
     dataset = discover(req.dataset_path, exclude=(str(job.root),))
     if note := dataset.skipped_note():
         log(note)
+    # on an object store the build runs in node-local scratch and is uploaded key by key (prepare.on_store)
+    staging = StoreStaging(job) if job.on_object_store else Staging(job.root)
     try:
-        with Staging(job.root) as staging:
+        with staging:
             if dataset.parquet:
                 pq_built = parquet_build(req, dataset, staging.path, recipe_sha)
                 built = _Built(pq_built.manifest, pq_built.data_bytes)
             else:
-                built = _Build(req, dataset, staging.path, recipe_sha, progress, jobs).run()
+                built = _Build(req, dataset, staging.path, recipe_sha, progress, jobs, job.on_object_store).run()
             if not staging.publish():
-                staging.discard()
-                complete_publication(job.root)
+                staging.give_way()
                 return _existing(JobDir(req.job_dir), req, recipe_sha, started, log)
     except Exception as exc:
         if full := disk_full_in(exc):  # the staging folder is gone: nothing was published
-            raise no_space_error(job.root, full, "preparing the job dir (nothing was published)") from exc
+            raise no_space_error(staging.disk, full, "preparing the job dir (nothing was published)") from exc
         raise
     ensure_generation(job, req.recipe_text, recipe_sha, req.policy, log=lambda *_: None)
     seconds = time.monotonic() - started
@@ -152,15 +154,23 @@ def _existing(
     return PrepareResult(m, False, m.total_rows, m.total_bytes, time.monotonic() - started)
 
 
-def _refuse_occupied(root: Path) -> None:
-    """A job dir without a manifest may hold only coordination state and staging folders."""
-    if not os.path.lexists(root):
-        return
-    if not root.is_dir():
-        raise UserError(f"{root}: exists and is not a directory; choose another job dir")
-    if complete_publication(root):
-        return
-    entries = sorted(e for e in os.listdir(root) if e not in ("runs", DJ_WORK) and not e.startswith(STAGING_MARK))
+def _refuse_occupied(job: JobDir) -> None:
+    """A job dir without a manifest may hold only coordination state and staging folders (on an object store:
+    and shards, which its publish keeps where they hold its bytes and refuses where not)."""
+    root = job.root
+    if job.on_object_store:
+        names = set(job.store.names(""))
+        if "manifest.json" in names:
+            return
+        entries = sorted(names - {"runs", DJ_WORK, "shards"})
+    else:
+        if not os.path.lexists(root):
+            return
+        if not root.is_dir():
+            raise UserError(f"{root}: exists and is not a directory; choose another job dir")
+        if complete_publication(root):
+            return
+        entries = sorted(e for e in os.listdir(root) if e not in ("runs", DJ_WORK) and not e.startswith(STAGING_MARK))
     if entries:
         shown = ", ".join(entries[:5]) + (" ..." if len(entries) > 5 else "")
         raise UserError(
@@ -186,9 +196,11 @@ class _Build:
         recipe_sha: str,
         progress: bool | None,
         jobs: int | None,
+        scratch: bool = False,
     ) -> None:
         self.req, self.dataset, self.staging, self.recipe_sha = req, dataset, staging, recipe_sha
         self.progress, self.jobs = progress, jobs
+        self.scratch = scratch  # node-local scratch, uploaded once built: nothing there needs an fsync
         self.inputs = dataset.inputs
 
     def run(self) -> _Built:
@@ -200,7 +212,8 @@ class _Build:
             futures = [pool.submit(write_shard, t) for t in tasks]
             outcomes = _collect(futures, counter, stream.total, self.progress)
             self._raise_bad_line(outcomes, tasks, mats)
-        sync_files([t.out_path for t in tasks if not t.fsync])
+        if not self.scratch:
+            sync_files([t.out_path for t in tasks if not t.fsync])
         for spec in self.inputs:
             check_unchanged(spec)
         columns = self._columns(outcomes, tasks, mats)  # type: ignore[arg-type]  # no None left
@@ -248,7 +261,7 @@ class _Build:
                 out_path=str(shards / f"{shard_id(i, n)}.jsonl"),
                 ranges=tuple(SourceRange(p.file, mats[p.file].data_path, p.start, p.end, rules[p.file]) for p in ps),
                 first_row=first_rows[i],
-                fsync=sum(p.end - p.start for p in ps) >= SYNC_EACH_FROM,
+                fsync=not self.scratch and sum(p.end - p.start for p in ps) >= SYNC_EACH_FROM,
             )
             for i, ps in enumerate(pieces)
         ]

@@ -21,6 +21,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, BinaryIO
 
 import yaml
@@ -29,6 +30,7 @@ from data_juicer_elastic.errors import IntegrityError
 from data_juicer_elastic.job.layout import JobDir, generation_id
 from data_juicer_elastic.job.manifest import Policy, ShardSource
 from data_juicer_elastic.prepare.inputs import STAGING_MARK, InputSpec, _decompressor
+from data_juicer_elastic.prepare.on_store import StoreRecords
 from data_juicer_elastic.storage.blocks import BLOCK
 from data_juicer_elastic.storage.files import atomic_write, dumps_json, fsync_dir, read_json, read_record
 
@@ -38,16 +40,18 @@ def ensure_generation(
 ) -> tuple[JobDir, bool]:
     """The generation of ``recipe_text`` (made whole by one rename if new), with ``policy``, made current.
 
-    Also says whether it is new.
+    Also says whether it is new. On an object store its records go through the store (prepare.on_store).
     """
     gen = generation_id(recipe_sha)
     target = job.generations_dir / gen
-    new = not (target / "generation.json").exists()
+    files: _Disk | StoreRecords = StoreRecords(job) if job.on_object_store else _Disk(job)
+    new = not files.exists(target / "generation.json")
     if new:
-        _create(job, target, recipe_text, recipe_sha, policy)
+        record = {"generation": gen, "recipe_sha256": recipe_sha, "created_at": time.time()}
+        files.create_generation(target, recipe_text, dumps_json(dataclasses.asdict(policy)), dumps_json(record))
         log(f"{job.root}: generation {gen} started for this recipe (the shards are reused)")
     else:
-        recorded = read_json(target / "generation.json").get("recipe_sha256")
+        recorded = files.read_json(target / "generation.json").get("recipe_sha256")
         if recorded != recipe_sha:
             raise IntegrityError(
                 f"{target}/generation.json: recipe sha256 {str(recorded)[:16]}… shares its first 16 digits with "
@@ -55,13 +59,35 @@ def ensure_generation(
             )
         current = JobDir(job.root, gen)
         if current.manifest().policy != policy:
-            atomic_write(current.policy_path, dumps_json(dataclasses.asdict(policy)))
-    if read_record(job.current_path).get("generation") != gen:
-        atomic_write(job.current_path, dumps_json({"generation": gen, "at": time.time()}))
+            files.write(current.policy_path, dumps_json(dataclasses.asdict(policy)))
+    if files.read_record(job.current_path).get("generation") != gen:
+        files.write(job.current_path, dumps_json({"generation": gen, "at": time.time()}))
     return JobDir(job.root, gen), new
 
 
-def _create(job: JobDir, target: os.PathLike, recipe_text: bytes, recipe_sha: str, policy: Policy) -> None:
+class _Disk:
+    """A generation's records as files of a POSIX job dir; a new generation made whole by one rename."""
+
+    def __init__(self, job: JobDir) -> None:
+        self.job = job
+
+    def exists(self, path: Path) -> bool:
+        return path.exists()
+
+    def read_json(self, path: Path) -> Any:
+        return read_json(path)
+
+    def read_record(self, path: Path) -> dict:
+        return read_record(path)
+
+    def write(self, path: Path, data: bytes) -> None:
+        atomic_write(path, data)
+
+    def create_generation(self, target: Path, recipe_text: bytes, policy_json: bytes, record: bytes) -> None:
+        _create(self.job, target, recipe_text, policy_json, record)
+
+
+def _create(job: JobDir, target: os.PathLike, recipe_text: bytes, policy_json: bytes, record: bytes) -> None:
     job.generations_dir.mkdir(exist_ok=True)
     token = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     staging = job.generations_dir / f"{STAGING_MARK}{token}"
@@ -69,9 +95,8 @@ def _create(job: JobDir, target: os.PathLike, recipe_text: bytes, recipe_sha: st
         for sub in ("attempts", "finalize", *(f"state/{s}" for s in JobDir.STATE_SUBDIRS)):
             (staging / sub).mkdir(parents=True)
         atomic_write(staging / "recipe.yaml", recipe_text)
-        atomic_write(staging / "policy.json", dumps_json(dataclasses.asdict(policy)))
-        record = {"generation": generation_id(recipe_sha), "recipe_sha256": recipe_sha, "created_at": time.time()}
-        atomic_write(staging / "generation.json", dumps_json(record))
+        atomic_write(staging / "policy.json", policy_json)
+        atomic_write(staging / "generation.json", record)
         try:
             os.rename(staging, target)
         except OSError:

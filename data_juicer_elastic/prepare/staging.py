@@ -26,6 +26,7 @@ class Staging:
 
     def __init__(self, target: Path) -> None:
         self.target = target
+        self.disk = target  # where a full disk is reported
         token = f"{hostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.path = target / f"{STAGING_MARK}{token}"
         self._published = False
@@ -63,6 +64,11 @@ class Staging:
 
     def discard(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+
+    def give_way(self) -> None:
+        """Another prepare published first: drop this one, completing the other's publication if it was cut."""
+        self.discard()
+        complete_publication(self.target)
 
     def __exit__(self, exc_type: object, *_: object) -> None:
         if self._published:
