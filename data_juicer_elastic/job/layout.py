@@ -205,6 +205,8 @@ class JobDir:
     def generation_ids(self) -> list[str]:
         """Every generation of this job, oldest first."""
         gens = [g for g in self.store.names(GENERATIONS) if GENERATION_RE.match(g)]  # a missing folder has none
+        if self.on_object_store:  # a prepare killed before a generation's record (made last) left a name only
+            gens = [g for g in gens if self._has_generation(g)]
         return sorted(gens, key=lambda g: (self._generation_record(g).created_at, g))
 
     def _generation_record(self, gen: str) -> Generation:
