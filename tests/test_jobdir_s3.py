@@ -58,6 +58,8 @@ def test_a_job_dir_on_s3_reads_as_the_same_job(tmp_path, moto_env, monkeypatch):
     assert job.key(job.shard_file(sid)) == local.key(local.shard_file(sid))
     with pytest.raises(TypeError, match="not a local file"):
         open(job.shard_file(sid), "rb")  # a reader not moved onto the store fails loudly, never reads the disk
+    with pytest.raises(ValueError, match="null byte"):
+        Path(job.shard_file(sid)).stat()  # Path() takes the parts without fspath: they still name no local file
     assert JobDir(job.root).generation == job.generation  # an ObjectPath names the job again
     store = JobDir(url).store  # a prepare killed before a new generation's record: its name only, not a generation
     assert store.create("generations/0123456789abcdef/recipe.yaml", b"process: []\n") is not None
