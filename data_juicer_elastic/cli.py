@@ -30,7 +30,9 @@ from jsonargparse import ArgumentParser, Namespace
 from data_juicer_elastic.errors import ElasticError, UserError
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.status import describe_error_rows, error_rows_by_shard, first_line
-from data_juicer_elastic.storage.mounts import job_dir_problem
+from data_juicer_elastic.storage.mounts import job_dir_location, job_dir_problem
+from data_juicer_elastic.storage.probe import probe_once
+from data_juicer_elastic.storage.store import store_for
 from data_juicer_elastic.worker.signals import Interrupted
 from data_juicer_elastic.worker.speculation import Speculation
 
@@ -41,12 +43,15 @@ def _job_dir_arg(p: ArgumentParser) -> None:
 
 
 def _job_root(a: Namespace) -> str:
-    """``--job-dir`` once checked, before anything reads or writes it: a URL or an object store behind FUSE
-    is refused (exit 2), so ``s3://b/x`` is never taken for the relative folder ``s3:/b/x``."""
+    """``--job-dir`` once checked, before anything reads or writes it: an object store behind FUSE or a URL
+    other than ``s3://`` is refused (exit 2), and a store that lets a second create through is refused by the
+    probe (exit 2, naming the endpoint), its capability line printed once to stderr."""
     problem = job_dir_problem(a.job_dir, "--job-dir")
     if problem:
         raise UserError(problem)
-    return a.job_dir
+    root = job_dir_location(a.job_dir)
+    probe_once(store_for(root), lambda line: print(line, file=sys.stderr))
+    return root
 
 
 def _job(a: Namespace) -> JobDir:
@@ -357,7 +362,10 @@ def cmd_run(a: Namespace) -> int:
 def cmd_report(a: Namespace) -> int:
     from data_juicer_elastic.report import write_report
 
-    path = write_report(_job(a).gen_dir, a.output)
+    job = _job(a)
+    if job.on_object_store:  # the report reads the job dir by path (report/collect.py)
+        raise UserError(f"{job.root}: the report cannot be written for a job dir on an object store yet")
+    path = write_report(job.gen_dir, a.output)
     print(f"report written to {path}")
     return 0
 

@@ -1,5 +1,5 @@
 """Where a job dir may live (docs/OBJECT_STORE.md section 3): an object store behind FUSE is refused at start
-(exit 2, naming the job dir, the mount and the s3:// form), as is a job dir given as a URL; POSIX FUSE
+(exit 2, naming the job dir, the mount and the s3:// form), as is a job dir given as a URL other than s3://; POSIX FUSE
 file systems (JuiceFS, sshfs) and NFS pass. The mountinfo lines are the shapes each daemon writes."""
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def test_the_message_names_the_job_dir_the_mount_and_the_url_form(tmp_path: Path
     assert problem is not None
     assert f"elastic_shard.job_dir {job_dir} is on a fuse.gcsfuse mount" in problem
     assert os.path.realpath(bucket) in problem and "s3://data-bucket/jobs/run-1" in problem
-    assert "planned form" in problem and "not support object-store job dirs yet" in problem
+    assert "Name the store itself instead: s3://data-bucket/jobs/run-1" in problem
     link = tmp_path / "link"
     link.symlink_to(bucket / "jobs", target_is_directory=True)
     assert job_dir_problem(str(link / "run-1"), "--job-dir") is not None  # the real path is what counts
@@ -119,11 +119,18 @@ def test_the_message_names_the_job_dir_the_mount_and_the_url_form(tmp_path: Path
     assert job_dir_problem(job_dir, "--job-dir") is None
 
 
-@pytest.mark.parametrize("url", ["s3://bucket/jobs/run-1", "oss://bucket/jobs", "gs://bucket/jobs", "file:///x"])
-def test_a_url_is_refused_as_not_supported_yet(url: str):
+@pytest.mark.parametrize("url", ["oss://bucket/jobs", "gs://bucket/jobs", "file:///x"])
+def test_a_url_other_than_s3_is_refused_naming_the_s3_form(url: str):
     problem = job_dir_problem(url, "elastic_shard.job_dir")
-    assert problem is not None and f"elastic_shard.job_dir {url!r} is a URL" in problem
-    assert "object-store job dirs (s3://, oss://, gs://) are not supported yet" in problem
+    assert problem is not None and f"elastic_shard.job_dir {url!r} is a URL of a kind" in problem
+    assert "s3://bucket/prefix" in problem
+
+
+def test_an_s3_job_dir_is_taken_unless_its_url_is_malformed():
+    assert job_dir_problem("s3://bucket/jobs/run-1", "--job-dir") is None
+    assert job_dir_problem("S3://bucket/jobs/run-1/", "--job-dir") is None
+    problem = job_dir_problem("s3://key:secret@bucket/jobs", "--job-dir")
+    assert problem is not None and "holds credentials" in problem and "secret" not in problem
 
 
 def run_cli(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
@@ -141,7 +148,7 @@ def test_a_worker_on_an_object_store_mount_is_refused_before_it_touches_the_job(
     message = out.stderr.strip().splitlines()[-1]
     assert message.startswith(f"dj-elastic worker: error: --job-dir {job.root} is on a fuse.ossfs mount"), message
     assert f"ossfs at {os.path.realpath(tmp_path / 'oss')}" in message
-    assert "s3://<bucket>/jobs/run-1" in message and "planned form" in message
+    assert "Name the store itself instead: s3://<bucket>/jobs/run-1" in message
     assert tree_stats(job.root) == before
     passing = fake_mountinfo(tmp_path, tmp_path / "oss", "fuse.juicefs", "JuiceFS:myjfs")
     out = run_cli(*worker_cmd(job, "copy"), cwd=REPO, **{MOUNTINFO_ENV: str(passing)})
@@ -149,11 +156,11 @@ def test_a_worker_on_an_object_store_mount_is_refused_before_it_touches_the_job(
     assert len(list(job.done_dir.iterdir())) == 2
 
 
-def test_the_cli_refuses_a_url_job_dir_and_makes_no_folder(tmp_path: Path):
-    """``s3://b/x`` was once read as the relative folder ``s3:/b/x``: now each --job-dir command refuses it."""
+def test_the_cli_refuses_a_url_job_dir_other_than_s3_and_makes_no_folder(tmp_path: Path):
+    """``gs://b/x`` is not read as the relative folder ``gs:/b/x``: each --job-dir command refuses it."""
     for command in ("status", "worker"):
         cli = (sys.executable, "-m", "data_juicer_elastic.cli", command)
-        out = run_cli(*cli, "--job-dir", "s3://bucket/jobs/run-1", cwd=tmp_path)
+        out = run_cli(*cli, "--job-dir", "gs://bucket/jobs/run-1", cwd=tmp_path)
         assert out.returncode == 2, out.stdout + out.stderr[-3000:]
-        assert "--job-dir 's3://bucket/jobs/run-1' is a URL" in out.stderr and "not supported yet" in out.stderr
+        assert "--job-dir 'gs://bucket/jobs/run-1' is a URL of a kind" in out.stderr, out.stderr[-3000:]
     assert list(tmp_path.iterdir()) == []

@@ -349,7 +349,7 @@ def test_validation_names_every_offending_op(tmp_path, parse):
     "change, expected",
     [
         ({"elastic_shard": {}}, "elastic_shard.job_dir is not set"),
-        ({"elastic_shard": {"job_dir": "s3://bucket/jobs/run-1"}}, r"object-store job dirs .* are not supported yet"),
+        ({"elastic_shard": {"job_dir": "oss://bucket/jobs/run-1"}}, r"is a URL of a kind .* s3://bucket/prefix"),
         ({"dataset_path": "gs://bucket/data.jsonl"}, r"is remote; .* or JSONL on S3"),
         ({"dataset_path": "s3://key:secret@bucket/data.jsonl"}, r"s3://bucket/\.\.\.: the URL holds credentials"),
         ({"dataset_path": "/nonexistent/data.jsonl"}, "does not exist"),

@@ -62,6 +62,7 @@ from data_juicer_elastic.prepare.driver import prepare
 from data_juicer_elastic.prepare.existing import differences
 from data_juicer_elastic.prepare.generation import recipe_differences
 from data_juicer_elastic.storage.host import hostname
+from data_juicer_elastic.storage.probe import probe_once
 from data_juicer_elastic.worker.signals import Interrupted, received, signals_raise_interrupted
 
 Log = Callable[[str], None]
@@ -115,7 +116,9 @@ class _Session:
             + (f" local_rank={rank}" if rank is not None else "")
             + f" job_dir={self.spec.job_dir}"
         )
-        run = RunDir.open(JobDir(self.spec.job_dir).store, run_key(self.run_id), self.run_id, self.host)
+        store = JobDir(self.spec.job_dir).store
+        probe_once(store, self.log)  # an object store that lets a second create through is refused (exit 2)
+        run = RunDir.open(store, run_key(self.run_id), self.run_id, self.host)
         ended = self.ended_before(run)
         outcome = coordinate(run, "prepare", self.do_prepare, self.spec, self.log)
         if outcome.exit_code == EXIT_OK:

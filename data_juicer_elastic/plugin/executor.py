@@ -32,6 +32,7 @@ from data_juicer_elastic.prepare.driver import PrepareRequest
 from data_juicer_elastic.prepare.existing import prepared_shard_count
 from data_juicer_elastic.prepare.inputs import dataset_root, discover
 from data_juicer_elastic.s3_export import location
+from data_juicer_elastic.storage.mounts import job_dir_location
 from data_juicer_elastic.watch import ProgressTicker
 
 AUTO_SHARD_BYTES = 256 << 20  # num_shards "auto": at most about this much input per shard
@@ -116,7 +117,7 @@ def prepare_request(cfg: Any, recipe_text: str) -> PrepareRequest:
     keys = recipe_keys(cfg)
     return PrepareRequest(
         dataset_path=dataset_path,
-        job_dir=os.path.abspath(settings.job_dir),
+        job_dir=job_dir_location(settings.job_dir),
         recipe_text=recipe_text.encode("utf-8"),
         policy=policy_from(settings, dataset_path),
         media_keys=keys.media_keys,
@@ -137,7 +138,7 @@ def make_runner(job_dir: str) -> Any:
 
 def job_spec(cfg: Any, recipe_text: str) -> JobSpec:
     settings = settings_from_cfg(cfg)
-    job_dir = os.path.abspath(settings.job_dir)
+    job_dir = job_dir_location(settings.job_dir)
     return JobSpec(
         job_dir=job_dir,
         export_path=location(cfg.export_path),

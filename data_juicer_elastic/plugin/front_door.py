@@ -80,10 +80,23 @@ def before_setup(cfg: Any, normalize: Any = None) -> None:
     on_parsed(cfg, normalize)
     if not cfg.get("work_dir"):
         # Data-Juicer would make a timestamped folder beside export_path on every run
-        from data_juicer_elastic.job.layout import DJ_WORK
         from data_juicer_elastic.plugin.schema import settings_from_cfg
 
-        cfg.work_dir = os.path.join(os.path.abspath(settings_from_cfg(cfg).job_dir), DJ_WORK)
+        cfg.work_dir = dj_work_dir(settings_from_cfg(cfg).job_dir)
+
+
+def dj_work_dir(job_dir: str) -> str:
+    """Data-Juicer's work dir (its logs, its config backup): ``<job_dir>/dj-work`` on a POSIX job dir; on an
+    object store, where nothing is a local file, the node-local ``$TMPDIR/dje-<hash of the store>/dj-work``
+    (the naming of worker/placement.py's scratch, with no generation: one folder per job dir and node)."""
+    from data_juicer_elastic.job.layout import DJ_WORK, JobDir
+    from data_juicer_elastic.storage.urls import is_s3
+
+    if not is_s3(job_dir):
+        return os.path.join(os.path.abspath(job_dir), DJ_WORK)
+    from data_juicer_elastic.worker.placement import scratch_base
+
+    return str(scratch_base(JobDir(job_dir, generation="")) / DJ_WORK)
 
 
 def after_setup(cfg: Any) -> None:

@@ -52,9 +52,14 @@ def executor_for(config: str, extra: list[str], *, load_configs_only: bool) -> A
 
 def prepare_from_recipe(config: str, cli_overrides: Any = None) -> None:
     """Validate the recipe and prepare its job directory (a no-op if it already holds this request)."""
+    from loguru import logger
+
     from data_juicer_elastic.prepare.driver import prepare
+    from data_juicer_elastic.storage.probe import probe_once
+    from data_juicer_elastic.storage.store import store_for
 
     executor = executor_for(config, override_args(cli_overrides), load_configs_only=True)
+    probe_once(store_for(executor.spec.job_dir), logger.info)  # before prepare writes: a store without create-once
     prepare(executor.spec.make_prepare_request())
 
 

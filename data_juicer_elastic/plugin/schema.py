@@ -57,8 +57,9 @@ class ElasticShardSettings:
 _ARGS: dict[str, tuple[Any, str]] = {
     "job_dir": (
         Optional[str],
-        "Shared job directory (NAS/NFS/CPFS) every node can read and write; required with "
-        "executor_type elastic_shard. Holds the manifest, shards, leases, attempt outputs and logs.",
+        "Shared job directory (NAS/NFS/CPFS) every node can read and write, or s3://bucket/prefix on an S3 "
+        "endpoint; required with executor_type elastic_shard. Holds the manifest, shards, leases, attempt "
+        "outputs and logs.",
     ),
     "num_shards": (
         Union[PositiveInt, Literal["auto"]],

@@ -1,4 +1,5 @@
-"""Where a job dir may live: never on a URL (not yet) nor on an object store behind FUSE (docs/OBJECT_STORE.md s. 3).
+"""Where a job dir may live: a shared POSIX directory or an ``s3://`` URL, never on an object store behind FUSE
+(docs/OBJECT_STORE.md s. 3).
 
 Leases and done records rest on ``O_EXCL``, ``link``, ``rename`` and the file
 server's mtime. A FUSE mount of a bucket (s3fs, ossfs, mountpoint-s3, gcsfuse,
@@ -15,6 +16,8 @@ import os
 import re
 from dataclasses import dataclass
 from urllib.parse import urlparse
+
+from data_juicer_elastic.storage.urls import ObjectPath, is_s3, split_s3
 
 MOUNTINFO = "/proc/self/mountinfo"
 MOUNTINFO_ENV = "DJ_ELASTIC_MOUNTINFO"  # for tests only: another mountinfo file to read in place of MOUNTINFO
@@ -97,13 +100,25 @@ def is_url(path: str) -> bool:
     return len(urlparse(path).scheme) > 1
 
 
+def job_dir_location(job_dir: str) -> str:
+    """The one spelling of a job dir every process is given: ``s3://bucket/prefix`` (no trailing slash) or
+    an absolute path (``os.path.abspath`` would take ``s3://b/x`` for the relative folder ``s3:/b/x``)."""
+    return str(ObjectPath.of(job_dir)) if is_s3(job_dir) else os.path.abspath(job_dir)
+
+
 def job_dir_problem(job_dir: str, key: str) -> str | None:
-    """Why ``job_dir`` (given as ``key``: a recipe key or an option) cannot hold a job in this version, or None."""
+    """Why ``job_dir`` (given as ``key``: a recipe key or an option) cannot hold a job, or None."""
+    if is_s3(job_dir):
+        try:
+            split_s3(job_dir)
+        except ValueError as exc:
+            return f"{key}: {exc}"
+        return None
     if is_url(job_dir):
         return (
-            f"{key} {job_dir!r} is a URL; this version takes a job dir only as a directory on a POSIX file "
-            f"system all nodes share ({POSIX_EXAMPLES}): object-store job dirs (s3://, oss://, gs://) "
-            "are not supported yet"
+            f"{key} {job_dir!r} is a URL of a kind this version does not take as a job dir: name an object "
+            "store by its S3 API, s3://bucket/prefix (OSS, GCS, MinIO: their S3 endpoint in AWS_ENDPOINT_URL), "
+            f"or give a directory on a POSIX file system all nodes share ({POSIX_EXAMPLES})"
         )
     real = os.path.realpath(job_dir)
     mount = mount_of(real, read_mounts())
@@ -113,9 +128,9 @@ def job_dir_problem(job_dir: str, key: str) -> str | None:
     return (
         f"{key} {job_dir} is on a {mount.fstype} mount ({mount.source} at {mount.point}): an object store "
         "behind FUSE does not keep the O_EXCL, link, rename and mtime semantics that leases and done records "
-        f"rest on, so two workers could both hold a shard. Put the job dir on a POSIX file system all nodes "
-        f"share ({POSIX_EXAMPLES}). Naming the store itself, {store_url(real, mount, daemon)}, is the planned "
-        "form; this version does not support object-store job dirs yet"
+        f"rest on, so two workers could both hold a shard. Name the store itself instead: "
+        f"{store_url(real, mount, daemon)} (its endpoint from AWS_ENDPOINT_URL), or put the job dir on a POSIX "
+        f"file system all nodes share ({POSIX_EXAMPLES})"
     )
 
 

@@ -13,13 +13,15 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from data_juicer_elastic.errors import UserError
 from data_juicer_elastic.storage.host import hostname
+from data_juicer_elastic.storage.posix import PosixStore
 from data_juicer_elastic.storage.store import Meta, Store
 
+_PROBED: dict[str, Capabilities] = {}  # this process's probes, by the store's describe(): one each
 PROBE_FOLDER = ".probe"  # internal: never listed, one key per probing process, deleted after
 
 
@@ -48,6 +50,18 @@ def probe_store(store: Store) -> Capabilities:
     """The startup probe: refuse a store without create-once (StoreRefused), then what else it keeps."""
     check_create_once(store)
     return Capabilities(if_match=check_if_match(store))
+
+
+def probe_once(store: Store, log: Callable[[str], None]) -> Capabilities | None:
+    """The probe, run the first time this process meets an object store (its capability line logged then),
+    before it writes anything there; None for a POSIX job dir, whose create-once is a link."""
+    if isinstance(store, PosixStore):
+        return None
+    where = store.describe()
+    if where not in _PROBED:
+        _PROBED[where] = probe_store(store)
+        log(_PROBED[where].line(store))
+    return _PROBED[where]
 
 
 @contextlib.contextmanager
