@@ -1,7 +1,7 @@
 """S3 requests per shard, by operation and call site: prepare, W workers, merge (docs/OBJECT_STORE.md section 5).
 
     python tests/benchmarks/bench_s3_requests.py [--shards 1000,4000] [--workers 4] [--rows-per-shard 1]
-        [--latency-ms 0] [--sites 12] [--wall 200]
+        [--latency-ms 0] [--sites 14] [--wall 200] [--json FILE]
 
 Every figure is COUNTED, never timed: each process that talks to the store (this one for prepare and
 merge, one per worker) wraps botocore's ``Session.create_client`` so that every S3 client it makes, the
@@ -331,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-ms", type=float, default=0.0, help="the server's pause before each request")
     parser.add_argument("--sites", type=int, default=14, help="call sites listed per phase")
     parser.add_argument("--wall", type=int, default=0, help="also time an N-shard job: local vs the store")
+    parser.add_argument("--json", help="also write each size's counts here, as soon as it is measured")
     parser.add_argument("--worker", nargs=3, metavar=("URL", "HOST", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -347,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
         install(counts)
         for shards in [int(s) for s in args.shards.split(",") if s]:
             results[shards] = measure(shards, args, counts, Path(tmp), full)
+            if args.json:
+                Path(args.json).write_text(json.dumps(results, indent=1, sort_keys=True))
         if results:
             report(results, args.sites)
         if args.wall:
