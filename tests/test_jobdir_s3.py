@@ -58,7 +58,12 @@ def test_a_job_dir_on_s3_reads_as_the_same_job(tmp_path, moto_env, monkeypatch):
     assert job.key(job.shard_file(sid)) == local.key(local.shard_file(sid))
     with pytest.raises(TypeError, match="not a local file"):
         open(job.shard_file(sid), "rb")  # a reader not moved onto the store fails loudly, never reads the disk
+    with pytest.raises(ValueError, match="null byte"):
+        Path(job.shard_file(sid)).stat()  # Path() takes the parts without fspath: they still name no local file
     assert JobDir(job.root).generation == job.generation  # an ObjectPath names the job again
+    store = JobDir(url).store  # a prepare killed before a new generation's record: its name only, not a generation
+    assert store.create("generations/0123456789abcdef/recipe.yaml", b"process: []\n") is not None
+    assert JobDir(url).generation_ids() == local.generation_ids() and JobDir(url).generation == local.generation
 
 
 def test_a_missing_or_edited_job_on_s3_is_refused_naming_its_url(tmp_path, moto_env, monkeypatch):  # noqa: F811

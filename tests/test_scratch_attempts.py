@@ -110,10 +110,11 @@ def test_a_worker_killed_in_scratch_publishes_nothing_and_the_shard_is_redone(tm
     if point == "upload":
         assert any(n.startswith(".") for n in left), left  # its staged temp: the upload really was under way
 
+    assert [p for p in _files(scratch) if f"/{killed[0]}/0001/" in str(p)], "the killed worker left no scratch"
     assert run_worker(job.root, runners.copy, scratch=scratch, log=lambda *_: None).exit_code == 0
     done = check_done_exactly_once(job)
     assert done[killed[0]] == 2 and attempt_outcomes(job)[killed[0]] == ["running", "done"]
-    assert not [p for p in _files(scratch) if f"/{killed[0]}/0002/" in str(p)]
+    assert _files(scratch) == [], "the killed worker's scratch (its shard, its partial output) was left"
     merge_and_check(job, tmp_path / "merged.jsonl")
     assert verify(job).ok
 

@@ -84,7 +84,7 @@ class AfterPrepare:
         result = None
         try:
             result = run_worker(
-                self.job.gen_dir,
+                self.job,  # this generation, on either store (an s3:// gen_dir would read as a job's root)
                 runner,
                 host=self.host,
                 max_shards=self.shard_quota(),
@@ -219,6 +219,9 @@ class AfterPrepare:
 
     def write_report(self) -> None:
         """The job report in the job dir; a report that cannot be written never fails the job."""
+        if self.job.on_object_store:  # the report reads and writes the job dir by path
+            self.log(f"job report not written: {self.job.gen_dir} is on an object store")
+            return
         try:
             self.log(f"job report: {write_report(self.job.gen_dir)}")
         except Exception as exc:  # the merged output is what matters

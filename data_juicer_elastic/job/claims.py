@@ -25,10 +25,10 @@ so a lease whose body does not (yet) say so is an ordinary takeover. Attempt
 (``is_current``), and that is only claimed once neither of them is live
 (``live_pair``).
 
-Every lease operation goes through a ``PosixStore`` on the job root (keys
-relative to it: ``generations/<gen>/state/claims/<shard>@<n>``), the interface
-an object store will stand behind (docs/OBJECT_STORE.md), with the system
-calls of old: an age is one lstat aged by a ``now`` the caller holds, a claim
+Every lease operation goes through the job's store (keys relative to its
+root: ``generations/<gen>/state/claims/<shard>@<n>``; docs/OBJECT_STORE.md).
+On POSIX that is a ``PosixStore`` on the job root with this process's own
+clock probe, with the system calls of old: an age is one lstat aged by a ``now`` the caller holds, a claim
 is O_EXCL + write (``create(exclusive=True)``), and its store stamp is
 ``claimed_at``.
 
@@ -57,7 +57,7 @@ from data_juicer_elastic.storage.files import dumps_json
 from data_juicer_elastic.storage.host import holder_gone, hostname, identity
 from data_juicer_elastic.storage.posix import RELEASED_MTIME, PosixStore
 from data_juicer_elastic.storage.refresher import LeaseRefresher
-from data_juicer_elastic.storage.store import Ver
+from data_juicer_elastic.storage.store import Store, Ver
 
 SEP = "@"
 __all__ = [
@@ -116,8 +116,10 @@ class ClaimStore:
         self.lock_timeout = lock_timeout
         self.host = host
         self.pid = os.getpid() if pid is None else pid
-        clock = (job.clock_dir / f"{host}-{self.pid}").relative_to(job.root).as_posix()
-        self.store = PosixStore(job.root, clock_key=clock)  # its own clock probe, as each worker always had
+        self.store: Store = job.store  # an object store ages leases by its own clock (a response's Date)
+        if not job.on_object_store:  # its own clock probe, as each worker always had
+            clock = (job.clock_dir / f"{host}-{self.pid}").relative_to(job.root).as_posix()
+            self.store = PosixStore(job.root, clock_key=clock)
         self._vers: dict[str, Ver] = {}  # lease key -> the version this process last created or renewed
         self._ledger: WorkerLedger | None = None
         self._holders: dict[tuple[str, int], dict] = {}  # lease bodies read so far (a lease's body never changes)
@@ -325,7 +327,7 @@ def lease_backup_of(job: JobDir, shard: str, attempt: int) -> int | None:
     return _backup_of(read_lease(job, shard, attempt), attempt)
 
 
-def _lease_body(store: PosixStore, key: str) -> dict | None:
+def _lease_body(store: Store, key: str) -> dict | None:
     """The JSON object a lease holds; None when missing, a link, unreadable or not one (no age: no clock read)."""
     try:
         got = store.read(key)
@@ -340,7 +342,7 @@ def _backup_of(body: dict | None, attempt: int) -> int | None:
     return of if type(of) is int and of == attempt - 1 else None
 
 
-def _ver_now(store: PosixStore, key: str) -> Ver | None:
+def _ver_now(store: Store, key: str) -> Ver | None:
     meta = store.head(key)  # the version only: its clock is never read
     return None if meta is None else meta.ver
 

@@ -124,7 +124,12 @@ class JobDir:
         text = str(root) if isinstance(root, ObjectPath) else os.fspath(root)  # an ObjectPath has no fspath
         if is_s3(text):
             path: Path = ObjectPath.of(text)
-            self._store = store_for(text)
+            named = len(path.parts) > 3 and path.parent.name == GENERATIONS and GENERATION_RE.match(path.name)
+            if generation is None and named:  # /, bucket, [prefix...,] generations, <gen>
+                job = store_for(str(path.parent.parent))  # a generation's URL, as ``str(job.gen_dir)`` names it
+                if job.head("manifest.json") is not None:
+                    path, generation, self._store = path.parent.parent, path.name, job
+            self._store = self._store or store_for(text)
         else:
             path = Path(os.path.abspath(root))
             if (
@@ -205,6 +210,8 @@ class JobDir:
     def generation_ids(self) -> list[str]:
         """Every generation of this job, oldest first."""
         gens = [g for g in self.store.names(GENERATIONS) if GENERATION_RE.match(g)]  # a missing folder has none
+        if self.on_object_store:  # a prepare killed before a generation's record (made last) left a name only
+            gens = [g for g in gens if self._has_generation(g)]
         return sorted(gens, key=lambda g: (self._generation_record(g).created_at, g))
 
     def _generation_record(self, gen: str) -> Generation:

@@ -15,12 +15,16 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import orjson
+
 from data_juicer_elastic.errors import UserError
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.manifest import Manifest
 from data_juicer_elastic.prepare.generation import ensure_generation, same_content
 from data_juicer_elastic.prepare.inputs import Dataset, InputSpec, dataset_root, discover
 from data_juicer_elastic.prepare.request import PrepareRequest
+from data_juicer_elastic.storage.store import store_for
+from data_juicer_elastic.storage.urls import is_s3
 
 
 def confirm_existing(job: JobDir, req: PrepareRequest, recipe_sha: str, log: Callable[[str], Any]) -> Manifest:
@@ -57,8 +61,12 @@ def prepared_shard_count(job_dir: str) -> int | None:
     ``num_shards: auto`` is a function of the input's size; a process that follows the
     prepare coordinator takes the count it published instead of sizing the input again.
     Every shard's name carries the count, so one directory entry tells it (the manifest
-    check that follows compares the request with the manifest in full).
+    check that follows compares the request with the manifest in full). An object store
+    lists no "first entry" cheaply, so there the manifest's policy tells it (one GET).
     """
+    if is_s3(job_dir):
+        got = store_for(job_dir).read("manifest.json")
+        return None if got is None else int(orjson.loads(got[0])["policy"]["num_shards"])
     if not os.path.exists(os.path.join(job_dir, "manifest.json")):
         return None
     try:

@@ -5,10 +5,12 @@ so Ray infers nothing per shard: a column absent from one shard is null there,
 a column holding ints and floats anywhere is a float column everywhere, a
 string column stays a string column even where each of a shard's strings
 parses as a date, and objects carry the union of their fields. The manifest is
-read once per process and job (it is immutable: cached by its stat), never
-once per shard. A job dir prepared before schema 5 records neither fact: its
-shards are read as before (Ray infers each one's schema, the shard is scanned
-for its longest line), and a log line says so once.
+read once per process and job (it is immutable: cached by its stat, on an
+object store by its version), never once per shard. A job dir prepared before
+schema 5 records neither fact: its shards are read as before (Ray infers each
+one's schema, the shard is scanned for its longest line), and a log line says
+so once. A runner working in node-local scratch names the job (its shard file
+keeps its ``<id>.jsonl`` name there); otherwise the shard's ``shards/`` folder does.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ class ShardFacts:
 
 @dataclass(frozen=True)
 class _JobFacts:
-    stat: tuple[int, int, int]
+    stamp: Any  # the manifest's stat (ino, size, mtime_ns), or its version on an object store
     manifest: Manifest
     parse_options: Any
     parquet_schema: Any = None  # a Parquet input's unified Arrow schema (its shards are row group descriptors)
@@ -44,30 +46,47 @@ _cache: dict[str, _JobFacts] = {}
 _lock = threading.Lock()
 
 
-def shard_facts(shard_path: str, log: Any = None) -> ShardFacts | None:
-    """The recorded facts of the shard at ``<job>/shards/<id>.jsonl``; None outside a job dir."""
-    path = Path(shard_path)
-    if path.parent.name != "shards":
+def shard_facts(shard_path: str, log: Any = None, job: JobDir | None = None) -> ShardFacts | None:
+    """The recorded facts of the shard file ``<id>.jsonl`` at ``shard_path`` of ``job`` (None: the job whose
+    ``shards/`` holds the file; a runner in node-local scratch names its job); None outside a job dir."""
+    facts = _facts_of(shard_path, job, log)
+    if facts is None:
         return None
-    job = _job_facts(str(path.parent.parent), log)
+    i = facts.manifest.shards.position(Path(shard_path).stem)
+    return ShardFacts(facts.parse_options, facts.manifest.shards[i].longest_line if i is not None else None)
+
+
+def _facts_of(shard_path: str, job: JobDir | None, log: Any) -> _JobFacts | None:
     if job is None:
-        return None
-    i = job.manifest.shards.position(path.stem)
-    return ShardFacts(job.parse_options, job.manifest.shards[i].longest_line if i is not None else None)
+        path = Path(shard_path)
+        if path.parent.name != "shards":
+            return None
+        job = JobDir(path.parent.parent)
+    return _job_facts(job, log)
 
 
-def _job_facts(root: str, log: Any) -> _JobFacts | None:
-    manifest_path = os.path.join(root, "manifest.json")
+def _stamp(job: JobDir) -> Any:
+    """What changes when the manifest is made again in place (None: there is none)."""
+    if job.on_object_store:
+        meta = job.store.head(job.key(job.manifest_path))
+        return meta.ver if meta is not None else None
     try:
-        st = os.stat(manifest_path)
+        st = os.stat(job.manifest_path)
     except FileNotFoundError:
         return None
-    stat = (st.st_ino, st.st_size, st.st_mtime_ns)
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _job_facts(job: JobDir, log: Any) -> _JobFacts | None:
+    root = str(job.root)
+    stamp = _stamp(job)
+    if stamp is None:
+        return None
     with _lock:
         known = _cache.get(root)
-        if known is not None and known.stat == stat:
+        if known is not None and known.stamp == stamp:
             return known
-        m = JobDir(root)._raw_manifest()
+        m = JobDir(job.root)._raw_manifest()  # afresh: the job dir may have been made again in place
         options = schema = None
         if m.parquet is not None:
             from data_juicer_elastic.prepare.parquet import schema_of
@@ -83,24 +102,22 @@ def _job_facts(root: str, log: Any) -> _JobFacts | None:
                 "recorded no input schema: each shard's schema is inferred from the shard alone, so a value "
                 "may depend on the shard it fell in; prepare a new job dir to read every shard alike"
             )
-        _cache[root] = facts = _JobFacts(stat, m, options, schema)
+        _cache[root] = facts = _JobFacts(stamp, m, options, schema)
         return facts
 
 
-def recorded_columns(job_dir: str) -> Any:
+def recorded_columns(job: JobDir) -> Any:
     """The input's columns as prepare recorded them (manifest ``columns``; a Parquet input's Arrow schema).
 
     None where not recorded."""
-    job = _job_facts(os.path.abspath(job_dir), None)
-    if job is None:
+    facts = _job_facts(job, None)
+    if facts is None:
         return None
-    return job.parquet_schema if job.parquet_schema is not None else job.manifest.columns
+    return facts.parquet_schema if facts.parquet_schema is not None else facts.manifest.columns
 
 
-def parquet_schema(shard_path: str) -> Any:
-    """The unified Arrow schema when the shard at ``<job>/shards/<id>.jsonl`` describes Parquet row groups."""
-    path = Path(shard_path)
-    if path.parent.name != "shards":
-        return None
-    job = _job_facts(str(path.parent.parent), None)
-    return job.parquet_schema if job is not None else None
+def parquet_schema(shard_path: str, job: JobDir | None = None) -> Any:
+    """The unified Arrow schema when the shard file at ``shard_path`` (of ``job``, as ``shard_facts``) describes
+    Parquet row groups."""
+    facts = _facts_of(shard_path, job, None)
+    return facts.parquet_schema if facts is not None else None

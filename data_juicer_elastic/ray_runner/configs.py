@@ -20,6 +20,7 @@ import yaml
 
 from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.job.attempt_files import AttemptDir
+from data_juicer_elastic.job.layout import JobDir
 
 RECIPE_NAME = "recipe.yaml"
 _DERIVED_DIRS = {
@@ -32,16 +33,30 @@ _DERIVED_DIRS = {
 _DERIVED_FILES = {"event_log_file": "events.jsonl", "job_summary_file": "job_summary.json"}
 
 
-def read_recipe(job_dir: str) -> tuple[dict[str, Any], str]:
-    """The job's recipe snapshot (safe YAML only) and its sha256."""
-    path = Path(job_dir, RECIPE_NAME)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise UserError(f"{path}: missing; prepare the job first (dj-process or dj-elastic prepare)") from None
+def recipe_source(job: JobDir, folder: str) -> str:
+    """Where the recipe snapshot of the generation folder ``folder`` of ``job`` lies, for messages."""
+    return str(job.recipe_path) if job.on_object_store else str(Path(folder, RECIPE_NAME))
+
+
+def read_recipe(job: JobDir, folder: str) -> tuple[dict[str, Any], str]:
+    """The recipe snapshot (safe YAML only) of the generation folder ``folder`` of ``job``, and its sha256.
+
+    A local folder needs no manifest (a runner called by hand); on an object store it is read through the
+    job's store."""
+    where = recipe_source(job, folder)
+    if job.on_object_store:
+        got = job.store.read(job.key(job.recipe_path))
+        data = got[0] if got is not None else None
+    else:
+        try:
+            data = Path(where).read_bytes()
+        except FileNotFoundError:
+            data = None
+    if data is None:
+        raise UserError(f"{where}: missing; prepare the job first (dj-process or dj-elastic prepare)")
     recipe = yaml.safe_load(data)
     if not isinstance(recipe, dict):
-        raise IntegrityError(f"{path}: not a YAML mapping; prepare the job again")
+        raise IntegrityError(f"{where}: not a YAML mapping; prepare the job again")
     return recipe, hashlib.sha256(data).hexdigest()
 
 

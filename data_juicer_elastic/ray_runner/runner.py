@@ -28,7 +28,7 @@ from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.parquet_out import wants_parquet, write_shard_parquet
 from data_juicer_elastic.patches import data_juicer as dj_patches
 from data_juicer_elastic.ray_runner.arrow_schema import recorded_columns
-from data_juicer_elastic.ray_runner.configs import RECIPE_NAME, attempt_config, parse_recipe, read_recipe
+from data_juicer_elastic.ray_runner.configs import attempt_config, parse_recipe, read_recipe, recipe_source
 from data_juicer_elastic.ray_runner.op_counts import collect as op_counts
 from data_juicer_elastic.ray_runner.runtime import (
     LOCAL,
@@ -41,16 +41,18 @@ from data_juicer_elastic.ray_runner.runtime import (
 from data_juicer_elastic.ray_runner.shard_errors import arrow_read_options, classify
 from data_juicer_elastic.ray_runner.shard_io import ShardLoader, join_parts, read_shard, remove
 from data_juicer_elastic.ray_runner.warm_ops import WarmOps, install_warm_ops
+from data_juicer_elastic.s3_export import location
 
 
 def recurring(exc: Exception, shard: str, job: _Job) -> Exception:
     """``exc`` if a retry may heal it, else the PermanentError that fails the shard at once (shard_errors)."""
-    return classify(exc, shard, job.root, arrow_read_options(job.cfg, shard))
+    return classify(exc, shard, job.dir, arrow_read_options(job.cfg, shard, job.dir))
 
 
 @dataclass
 class _Job:
-    root: str  # the job (generation) directory
+    root: str  # the generation's folder as the worker names it (a path, or an s3:// URL): the key of _jobs
+    dir: JobDir  # the job it names: its manifest, recipe and recorded schema are read through its store
     cfg: Any  # the parsed recipe, shared by all attempts of this job
     recipe_sha256: str
     warm: WarmOps  # the actors of its actor-mode ops, kept from shard to shard
@@ -101,25 +103,25 @@ class RayShardRunner:
 
     def prepare_job(self, job_dir: str) -> Any:
         """Everything shard-independent, once per job: versions, Ray, custom ops, the parsed recipe."""
-        key = os.path.abspath(job_dir)
-        job = self._jobs.get(key)
-        if job is not None:
-            return job.cfg
+        key = location(job_dir)
+        known = self._jobs.get(key)
+        if known is not None:
+            return known.cfg
         import data_juicer  # noqa: F401  (dj_patches.supported() reads its version)
 
         if not dj_patches.supported():
             found = dj_patches.data_juicer_version()
             raise UserError(f"RayShardRunner needs Data-Juicer {dj_patches.SUPPORTED_PREFIX}x, found {found}")
         dj_patches.check_runner_patches()
-        recipe, sha = read_recipe(key)
         job = JobDir(key)
+        recipe, sha = read_recipe(job, key)
         if job.exists() and job.manifest().recipe_sha256 != sha:
             raise IntegrityError(
                 f"{job.recipe_path}: sha256 {sha[:12]}… differs from the manifest's "
                 f"{job.manifest().recipe_sha256[:12]}…; the recipe snapshot was changed after prepare"
             )
         operator_paths = [os.path.abspath(p) for p in recipe.get("custom_operator_paths") or []]
-        for path in operator_paths:
+        for path in operator_paths if not job.on_object_store else ():  # a local file is never in a store
             if os.path.realpath(path).startswith(os.path.realpath(job.root) + os.sep):
                 raise UserError(f"custom_operator_paths entry {path} lies inside the job directory; refusing to run it")
         self._started_ray |= start_ray(self.ray_address, operator_paths)
@@ -127,9 +129,9 @@ class RayShardRunner:
         install_warm_ops()  # inert until a shard's plan is built
         report_patches()  # one line naming the Data-Juicer and Ray patches that did not apply
         load_custom_operators_once(operator_paths)
-        cfg = parse_recipe(recipe, str(Path(key, RECIPE_NAME)))
+        cfg = parse_recipe(recipe, recipe_source(job, key))
         cfg.custom_operator_paths = operator_paths or None
-        self._jobs[key] = _Job(key, cfg, sha, WarmOps())
+        self._jobs[key] = _Job(key, job, cfg, sha, WarmOps())
         return cfg
 
     def run(self, shard_path: str, output_path: str, job_dir: str) -> None:
@@ -142,14 +144,14 @@ class RayShardRunner:
     def load(self, shard_path: str, output_path: str, job_dir: str) -> ShardAttempt:
         """Parse the job once, then read the shard into Ray's object store."""
         t0 = time.perf_counter()
-        key = os.path.abspath(job_dir)
+        key = location(job_dir)
         base = self.prepare_job(key)
         configure_ray_data()
         cfg = attempt_config(base, os.path.abspath(shard_path), str(Path(output_path).parent))
         t1 = time.perf_counter()
         job = self._jobs[key]
         try:
-            data = read_shard(cfg)
+            data = read_shard(cfg, job.dir)
         except Exception as exc:  # a row Arrow refuses: the same on every attempt
             error = recurring(exc, cfg.dataset_path, job)
             if error is exc:
@@ -186,7 +188,7 @@ class RayShardRunner:
         executor = RayExecutor(attempt.cfg)
         sink = op_counts.new_sink() if op_counts.enabled() else None
         try:
-            loader = ShardLoader(executor.cfg, sink, attempt.data)
+            loader = ShardLoader(executor.cfg, sink, attempt.data, attempt.job.dir)
             if not dj_patches.use_shard_loader(executor, loader):
                 loader = None  # Data-Juicer reads the shard itself; nothing counted
             with attempt.job.warm.active(attempt.cfg.work_dir):
@@ -230,7 +232,7 @@ class RayShardRunner:
 
         from data_juicer_elastic.parquet_out import arrow_schema
 
-        columns = recorded_columns(attempt.job.root)
+        columns = recorded_columns(attempt.job.dir)
         tables = [t for t in attempt.tables or [] if t.num_rows]
         attempt.tables = None
         if tables:

@@ -57,12 +57,13 @@ def longest_line(path: str) -> int:
     return longest
 
 
-def block_size_for(path: str, configured: int | None = None) -> int | None:
+def block_size_for(path: str, configured: int | None = None, job: JobDir | None = None) -> int | None:
     """A JSON reader block size that holds the shard's longest row whole (None: the default does).
 
     The longest line is prepare's record (manifest schema 5); only an older job dir's shard is scanned.
+    ``job``: the shard's job (None: the one whose ``shards/`` holds ``path``).
     """
-    facts = shard_facts(path)
+    facts = shard_facts(path, job=job)
     recorded = facts.longest_line if facts is not None else None
     longest = longest_line(path) if recorded is None else (recorded if recorded >= DEFAULT_BLOCK // 2 else 0)
     if not longest and not configured:
@@ -71,23 +72,23 @@ def block_size_for(path: str, configured: int | None = None) -> int | None:
     return 1 << (needed - 1).bit_length()  # a power of two, as pyarrow's own default
 
 
-def read_options_for(shard_path: str, configured: Any) -> dict[str, Any] | None:
+def read_options_for(shard_path: str, configured: Any, job: JobDir | None = None) -> dict[str, Any] | None:
     """The recipe's JSON read options, with a block size that holds the shard's longest row.
 
     Arrow's JSON reader fails on a row longer than its block ("straddling
     object straddles two block boundaries"); the default block is 1 MiB.
     """
     options = dict(vars(configured) if hasattr(configured, "__dict__") else configured or {})
-    block = block_size_for(shard_path, options.get("block_size"))
+    block = block_size_for(shard_path, options.get("block_size"), job)
     if block is not None:
         options["block_size"] = block
     return options or None
 
 
-def arrow_read_options(cfg: Any, shard_path: str) -> Any:
+def arrow_read_options(cfg: Any, shard_path: str, job: JobDir | None = None) -> Any:
     import pyarrow.json as pj
 
-    options = read_options_for(shard_path, getattr(cfg, "read_options", None)) or {}
+    options = read_options_for(shard_path, getattr(cfg, "read_options", None), job) or {}
     return pj.ReadOptions(**options) if options else None
 
 
@@ -99,7 +100,7 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         exc = exc.__cause__ or exc.__context__
 
 
-def classify(exc: Exception, shard_path: str, job_dir: str, read_options: Any = None) -> Exception:
+def classify(exc: Exception, shard_path: str, job: JobDir, read_options: Any = None) -> Exception:
     """``exc`` itself if a retry may heal it, else a PermanentError naming the input line where it can."""
     import pyarrow as pa
     from data_juicer.core.preflight import PipelineConfigError, PipelineRuntimeError
@@ -113,7 +114,7 @@ def classify(exc: Exception, shard_path: str, job_dir: str, read_options: Any = 
         return PermanentError(f"the recipe is refused by Data-Juicer: {refusal(refused)}")
     arrow = next((e for e in chain if isinstance(e, (pa.ArrowInvalid, pa.ArrowTypeError))), None)
     if arrow is not None:
-        where = bad_line(shard_path, job_dir, read_options)
+        where = bad_line(shard_path, job, read_options)
         first = str(arrow).strip().splitlines()[0] if str(arrow).strip() else type(arrow).__name__
         at = f"{where}: " if where else ""
         return PermanentError(f"{at}a row Ray's JSON reader refuses ({first}); fix or drop that row, then resubmit")
@@ -131,7 +132,7 @@ def refusal(exc: BaseException) -> str:
     return f"{heading}: {'; '.join(causes)}" if causes else " ".join(str(exc).split())
 
 
-def bad_line(shard_path: str, job_dir: str, read_options: Any = None) -> str | None:
+def bad_line(shard_path: str, job: JobDir, read_options: Any = None) -> str | None:
     """``file:line`` of the first shard line Arrow's JSON reader refuses (None if it reads the whole shard)."""
     import pyarrow as pa
     import pyarrow.json as pj
@@ -139,7 +140,7 @@ def bad_line(shard_path: str, job_dir: str, read_options: Any = None) -> str | N
     with open(shard_path, "rb") as f:
         lines = f.readlines()
 
-    facts = shard_facts(shard_path)
+    facts = shard_facts(shard_path, job=job)
     parse_options = facts.parse_options if facts is not None else None
 
     def reads(n: int) -> bool:
@@ -157,6 +158,6 @@ def bad_line(shard_path: str, job_dir: str, read_options: Any = None) -> str | N
         low, high = (mid, high) if reads(mid) else (low, mid)
     sid = os.path.basename(shard_path).removesuffix(".jsonl")
     try:
-        return input_line(JobDir(job_dir), sid, high - 1)
+        return input_line(job, sid, high - 1)
     except Exception:  # a job dir without this shard (a runner called by hand): the shard's own line
         return f"{shard_path}:{high}"

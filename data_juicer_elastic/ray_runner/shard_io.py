@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from data_juicer_elastic.errors import IntegrityError
+from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.ray_runner.arrow_schema import parquet_schema, shard_facts
 from data_juicer_elastic.ray_runner.shard_errors import read_options_for
 from data_juicer_elastic.storage.blocks import Digester, blocks
@@ -33,8 +34,9 @@ class ShardLoader:
 
     executor_type = "ray"  # read by RayExecutor.run
 
-    def __init__(self, cfg: Any, count_sink: str | None = None, data: Any = None) -> None:
+    def __init__(self, cfg: Any, count_sink: str | None = None, data: Any = None, job: JobDir | None = None) -> None:
         self.cfg = cfg
+        self.job = job  # the shard's job (read_shard)
         self.count_sink = count_sink  # see opcounts: the folder the ops' row counters live in
         self.data = data  # the shard already read (``read_shard``), e.g. while the previous shard ran
         self.dataset: Any = None
@@ -44,19 +46,21 @@ class ShardLoader:
         from data_juicer_elastic.patches.data_juicer import counting_dataset_class
         from data_juicer_elastic.ray_runner.op_counts.hooks import COUNTING
 
-        data = self.data if self.data is not None else read_shard(self.cfg)
+        data = self.data if self.data is not None else read_shard(self.cfg, self.job)
         self.rows_in = data.count()  # metadata of a materialised dataset: no pass over the rows
         self.dataset = counting_dataset_class(COUNTING)(data, dataset_path=self.cfg.dataset_path, cfg=self.cfg)
         self.dataset.count_into(self.count_sink)
         return self.dataset
 
 
-def read_shard(cfg: Any) -> Any:
-    """The shard of an attempt's config, read with the whole input's schema and materialised (any thread)."""
+def read_shard(cfg: Any, job: JobDir | None = None) -> Any:
+    """The shard of an attempt's config, read with the whole input's schema and materialised (any thread).
+
+    ``job``: the shard's job (None: the one whose ``shards/`` holds the shard file)."""
     from data_juicer.core.data.ray_dataset import RayDataset
     from loguru import logger
 
-    schema = parquet_schema(cfg.dataset_path)
+    schema = parquet_schema(cfg.dataset_path, job)
     if schema is not None:  # a Parquet input: the shard names row groups, read in place (prepare.parquet)
         import ray
 
@@ -65,10 +69,10 @@ def read_shard(cfg: Any) -> Any:
         tables = [t for t in read_descriptor(cfg.dataset_path, schema) if t.num_rows] or [schema.empty_table()]
         return ray.data.from_arrow(tables).materialize()
     read_kwargs: dict[str, Any] = {"override_num_blocks": getattr(cfg, "override_num_blocks", None)}
-    options = read_options_for(cfg.dataset_path, getattr(cfg, "read_options", None))
+    options = read_options_for(cfg.dataset_path, getattr(cfg, "read_options", None), job)
     if options:
         read_kwargs["read_options"] = options
-    facts = shard_facts(cfg.dataset_path, logger.warning)
+    facts = shard_facts(cfg.dataset_path, logger.warning, job)
     if facts is not None and facts.parse_options is not None:
         read_kwargs["parse_options"] = facts.parse_options
     return RayDataset.read("json", cfg.dataset_path, **read_kwargs).materialize()

@@ -39,6 +39,7 @@ from data_juicer_elastic.storage.files import (
     stage_blocks,
 )
 from data_juicer_elastic.storage.keys import Entry, Meta, Ver, is_internal, normalise_key, normalise_prefix
+from data_juicer_elastic.storage.urls import ObjectPath
 
 CLOCK_KEY = ".clock"  # the file ``now`` touches: internal (never listed), one per store
 RELEASED_MTIME = 1  # a released lease's mtime, at or below it reads as released (sshfs turns 0 into "now")
@@ -55,6 +56,8 @@ class PosixStore:
     """The job dir as a folder on a POSIX file system every node mounts."""
 
     def __init__(self, root: str | os.PathLike, clock_key: str = CLOCK_KEY) -> None:
+        if isinstance(root, ObjectPath):
+            raise TypeError(f"{root}: a job dir on an object store has its own store (JobDir.store), not a folder")
         self.root = Path(root)
         self._root = str(self.root)  # reads join strings: on 100,000 done records a Path per key costs more
         self.clock_key = normalise_key(clock_key)  # a process may keep its own probe (claims.py: one per worker)

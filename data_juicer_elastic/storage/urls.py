@@ -33,18 +33,25 @@ def split_s3(url: str) -> tuple[str, str]:
     return parts.netloc, url[len(SCHEME) + len(parts.netloc) :].removeprefix("/")
 
 
+_MARK = "\x00s3:"  # the first part of every ObjectPath: no local file call takes a name holding a NUL
+
+
 class ObjectPath(PurePosixPath):
     """A name inside a job dir on an object store, spelled as a path (``job.root / "state" / ...``) so the
     job's layout is written once for both backends; ``str`` gives its ``s3://`` URL, for messages.
 
-    It is no local file: ``os.fspath`` (so ``open``, ``os.stat``, ``Path(...)``) raises TypeError, and it
-    has no ``exists``/``is_dir``, so a reader not yet moved onto the store fails loudly rather than reading
-    the local disk. ``JobDir.key`` turns it into the store's key.
+    It is no local file, and every way of using it as one fails loudly rather than touching the local
+    disk: ``os.fspath`` (so ``open``, ``os.stat``) raises TypeError, it has no ``exists``/``is_dir``, and
+    ``Path(it)`` (which takes a path's parts without asking ``fspath``) holds a NUL byte, which every
+    system call refuses (ValueError). ``JobDir.key`` turns it into the store's key.
     """
 
     def __str__(self) -> str:
         text = super().__str__()
-        return "s3:/" + text if self.is_absolute() else text  # "/bucket/key" -> "s3://bucket/key"
+        head = f"/{_MARK}"
+        if not text.startswith(head):
+            return text  # a relative name (a key)
+        return "s3://" + text[len(head) :].lstrip("/")
 
     def __fspath__(self) -> str:
         raise TypeError(f"{self}: a key of an object store, not a local file: read it through the job's store")
@@ -53,4 +60,4 @@ class ObjectPath(PurePosixPath):
     def of(cls, url: str) -> ObjectPath:
         """The root of the job dir ``s3://bucket/prefix``."""
         bucket, key = split_s3(url)
-        return cls("/", bucket, *(p for p in key.split("/") if p))
+        return cls("/", _MARK, bucket, *(p for p in key.split("/") if p))

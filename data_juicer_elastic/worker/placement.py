@@ -4,18 +4,22 @@ A POSIX job dir is a folder every node shares, so the runner reads the shard
 file where prepare put it and writes straight into the attempt's folder
 (``Direct``: today's path, no copy). An object store has no folders and no
 files to write into (docs/OBJECT_STORE.md, invariants 4-6): the shard is
-downloaded to ``$TMPDIR/dje-<job-hash>/<shard>/<attempt>/``, the runner writes
+downloaded to ``$TMPDIR/dje-<job-hash>/p<pid>-<start>/<shard>/<attempt>/``, the runner writes
 there, and the files readers expect in the attempt's folder (the output,
 ``ops.json``, ``process.log``; a Parquet-exporting recipe's
 ``processed.parquet`` and its sidecar) are uploaded before the done record
 may be published (``Scratch``). ``attempt.json`` is a store record either way.
-The scratch folder goes when the attempt ends, however it ends.
+The scratch folder goes when the attempt ends, however it ends; what a killed
+worker left goes when the next worker of the job starts on that node (each
+process works under its own ``p<pid>-<start>`` folder, removed once
+``host.holder_gone`` proves its process gone).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -27,6 +31,7 @@ from data_juicer_elastic.errors import IntegrityError
 from data_juicer_elastic.job.attempt_files import AttemptDir
 from data_juicer_elastic.job.layout import JobDir, attempt_name
 from data_juicer_elastic.storage.blocks import digest_blocks
+from data_juicer_elastic.storage.host import holder_gone, hostname, identity
 from data_juicer_elastic.storage.posix import PosixStore
 from data_juicer_elastic.storage.store import Store
 from data_juicer_elastic.worker.disk_full import space_for
@@ -103,7 +108,7 @@ class Scratch:
 
     def __init__(self, job: JobDir, sid: str, attempt: int, base: Path) -> None:
         self.job, self.sid, self.attempt = job, sid, attempt
-        self.folder = base / sid / attempt_name(attempt)
+        self.folder = process_folder(base) / sid / attempt_name(attempt)
         self.prefix = job.key(job.attempt_dir(sid, attempt))
         self.kept: set[str] = set()  # uploaded already: a failure after the output's upload keeps the rest only
 
@@ -132,10 +137,11 @@ class Scratch:
 
     def drop(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
-        try:
-            self.folder.parent.rmdir()  # the shard's folder, once no other attempt of it runs here
-        except OSError:
-            pass
+        for folder in (self.folder.parent, self.folder.parent.parent):  # the shard's, then this process's
+            try:
+                folder.rmdir()  # once nothing else of it runs here
+            except OSError:
+                break
 
     def _upload_present(self, names: tuple[str, ...]) -> None:
         """Those of ``names`` the runner wrote, not kept already, in order."""
@@ -174,6 +180,35 @@ def scratch_base(job: JobDir, root: str | os.PathLike | None = None) -> Path:
     """``<root or $TMPDIR>/dje-<hash>``: one folder per job dir and generation on this node."""
     where = f"{job.store.describe()}\0{job.generation}".encode()
     return Path(root or tempfile.gettempdir()) / f"dje-{hashlib.sha256(where).hexdigest()[:16]}"
+
+
+def process_folder(base: Path) -> Path:
+    """This process's folder under ``base``; its first use in a process removes the folders of this node's
+    processes that provably no longer run (killed workers: their shards and partial outputs)."""
+    me = identity()
+    mine = f"p{me['pid']}-{me['start'] or 0}"
+    if (str(base), me["pid"]) not in _swept:
+        _swept.add((str(base), me["pid"]))
+        _remove_dead(base, mine)
+    return base / mine
+
+
+_swept: set[tuple[str, int]] = set()  # (base, pid): swept once per process
+
+
+def _remove_dead(base: Path, mine: str) -> None:
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return  # nothing yet (or unreadable: left as it is)
+    host = hostname()
+    for name in names:
+        m = _PROCESS.fullmatch(name)
+        if m and name != mine and holder_gone({"host": host, "pid": int(m[1]), "start": int(m[2]) or None}, host):
+            shutil.rmtree(base / name, ignore_errors=True)
+
+
+_PROCESS = re.compile(r"p(\d+)-(\d+)")
 
 
 def placement_for(job: JobDir, sid: str, attempt: int, scratch: Path | None = None) -> Placement:

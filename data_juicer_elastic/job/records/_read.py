@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from data_juicer_elastic.storage.posix import PosixStore
+from data_juicer_elastic.storage.store import Store
 
 MISSING = object()
 
@@ -25,14 +25,14 @@ def read_bytes(path: Path | str, flags: int = 0) -> bytes:
         os.close(fd)
 
 
-def load_key(store: PosixStore, key: str) -> Any:
+def load_key(store: Store, key: str) -> Any:
     """The parsed JSON at ``key`` in ``store``; ``MISSING`` when there is none (a link is none). Raises
     OSError/ValueError."""
     got = store.read(key)
     return MISSING if got is None else orjson.loads(got[0])
 
 
-def load_record(store: PosixStore, key: str) -> dict:
+def load_record(store: Store, key: str) -> dict:
     """A JSON object record at ``key``; {} when it is missing (a link is), unreadable or not an object: the
     rule of ``files.read_record``, on the store (one open, fstat, read, read, close; nine calls by path)."""
     try:
