@@ -166,23 +166,15 @@ def worker_main(url: str, host: str, out: str) -> None:
 
 
 def prepare_job(tmp: Path, job_dir: str, shards: int, rows_per_shard: int) -> bytes:
-    """Prepare ``shards`` shards of ``rows_per_shard`` rows at ``job_dir``; the input's bytes."""
-    from data_juicer_elastic.job.manifest import Policy
-    from data_juicer_elastic.job.versions import current_versions
-    from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
-    from tests.jobs import RECIPE, write_corpus
+    """Prepare ``shards`` shards of ``rows_per_shard`` rows at ``job_dir`` (tests.jobs ``make_job``, with the
+    default policy but ``POLICY``); what merging it must give back: the input's rows."""
+    from tests.jobs import input_bytes, make_job
 
-    corpus = write_corpus(tmp / f"in-{shards}" / "data.jsonl", shards * rows_per_shard)
-    req = PrepareRequest(
-        dataset_path=str(corpus),
-        job_dir=job_dir,
-        recipe_text=RECIPE,
-        policy=Policy(num_shards=shards, **POLICY),
-        versions=current_versions(),
-    )
-    result = prepare(req, log=lambda *_: None)
-    assert len(result.manifest.shards) == shards, (len(result.manifest.shards), shards)
-    return corpus.read_bytes()
+    defaults = {"lock_timeout_secs": 300.0, "heartbeat_secs": 30.0, "max_retries": 2}
+    folder = tmp / f"in-{uuid.uuid4().hex[:8]}"
+    job = make_job(folder, rows=shards * rows_per_shard, shards=shards, job_dir=job_dir, **defaults, **POLICY)
+    assert len(job.manifest().shards) == shards, (len(job.manifest().shards), shards)
+    return input_bytes(job)
 
 
 def run_workers(job_dir: str, workers: int, tmp: Path, env: dict[str, str]) -> tuple[dict, float]:
