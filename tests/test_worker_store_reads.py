@@ -39,13 +39,16 @@ def _fail(job: JobDir, sid: str) -> None:
     os.utime(job.failed_dir, ns=(OLD_NS, OLD_NS))  # the folder's mtime as the watch last saw it
 
 
-def test_failed_watch_lists_at_each_check_on_a_store_without_stamps(tmp_path: Path):
+def test_failed_watch_lists_at_most_once_a_poll_interval_on_a_store_without_stamps(tmp_path: Path):
     job = _without_stamps(make_job(tmp_path, rows=20, shards=2))
     first, second = job.manifest().shards.ids()
     watch = FailedWatch(job)
+    watch.every = 3600.0
     _fail(job, first)
     assert watch.check() == {first}
-    _fail(job, second)  # the folder's mtime unchanged: a stamp would not move, the listing sees it
+    _fail(job, second)  # the folder's mtime unchanged: a stamp would not move, the next listing sees it
+    assert watch.check() == {first}  # not listed again within the interval
+    watch.every = 0.0
     assert watch.check() == {first, second}
 
 

@@ -33,7 +33,7 @@ from data_juicer_elastic.job.layout import JobDir, attempt_name
 from data_juicer_elastic.storage.blocks import digest_blocks
 from data_juicer_elastic.storage.host import holder_gone, hostname, identity
 from data_juicer_elastic.storage.posix import PosixStore
-from data_juicer_elastic.storage.store import Store
+from data_juicer_elastic.storage.store import Meta, Store
 from data_juicer_elastic.worker.disk_full import space_for
 from data_juicer_elastic.worker.outputs import OutputDigest
 
@@ -130,8 +130,7 @@ class Scratch:
         """The output first, then its Parquet files: a failure after it (its check, an upload) keeps the log
         with its traceback."""
         if digest is not None:
-            self._upload(AttemptDir.OUTPUT)
-            self._check(digest)
+            self._check(digest, self._upload(AttemptDir.OUTPUT).size)
             self._upload_present(BESIDE)
         self._upload_present(KEPT)
 
@@ -149,19 +148,22 @@ class Scratch:
             if name not in self.kept and (self.folder / name).exists():
                 self._upload(name)
 
-    def _upload(self, name: str) -> None:
+    def _upload(self, name: str) -> Meta:
         key = f"{self.prefix}/{name}"
-        if self.job.store.upload(key, self.folder / name, create_once=True) is None:
+        meta = self.job.store.upload(key, self.folder / name, create_once=True)
+        if meta is None:
             raise IntegrityError(
                 f"{self.job.store.describe()}: {key} was already there when attempt {self.attempt} of {self.sid} "
                 "uploaded it; something other than this attempt wrote it: not publishing"
             )
         self.kept.add(name)
+        return meta
 
-    def _check(self, digest: OutputDigest) -> None:
-        """Re-read the stored output and compare it with what was checked here (invariant 5)."""
+    def _check(self, digest: OutputDigest, size: int) -> None:
+        """Re-read the stored output (``size`` bytes, as its upload reported) and compare it with what was
+        checked here (invariant 5)."""
         key = f"{self.prefix}/{AttemptDir.OUTPUT}"
-        stored = digest_blocks(_ranges(self.job.store, key))
+        stored = digest_blocks(_ranges(self.job.store, key, size))
         if (stored.bytes, stored.sha256) != (digest.bytes, digest.sha256):
             raise IntegrityError(
                 f"{self.job.store.describe()}: {key} reads back as {stored.bytes} bytes, sha256 "
@@ -169,9 +171,10 @@ class Scratch:
             )
 
 
-def _ranges(store: Store, key: str) -> Iterator[bytes]:
+def _ranges(store: Store, key: str, size: int) -> Iterator[bytes]:
+    """``key``'s first ``size`` bytes in ranged reads (no read past them: an object's end answers 416)."""
     start = 0
-    while chunk := store.open_range(key, start, start + READ_CHUNK):
+    while start < size and (chunk := store.open_range(key, start, min(start + READ_CHUNK, size))):
         yield chunk
         start += len(chunk)
 

@@ -17,8 +17,10 @@ folder's stamp (one stat on POSIX), not from a listing.
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
+import time
 import zlib
 from collections.abc import Callable
 
@@ -44,17 +46,25 @@ def refresh_interval(job: JobDir) -> float:
 
 class FailedWatch:
     """Terminal failures, seen from the failed folder's stamp (``Store.stamp``: one stat on POSIX), listed
-    only when it moved; a store that keeps no stamp (S3) is listed at each check."""
+    only when it moved; a store that keeps no stamp (S3) is listed at most once per ``every`` seconds (the
+    poll interval): a LIST per check was two a claim, a third of a job's request price there."""
 
     def __init__(self, job: JobDir) -> None:
         self.job = job
         self._key = job.key(job.failed_dir)
         self._stamp: str | None = ""  # no folder, no failed shard: nothing to list until one appears
         self.failed: set[str] = set()
+        self.every = job.manifest().policy.poll_interval_secs
+        self._listed_at = -math.inf  # monotonic time of the last listing, where the store keeps no stamp
 
     def check(self) -> set[str]:
         stamp = self.job.store.stamp(self._key)
-        if stamp is None or stamp != self._stamp:
+        if stamp is None:
+            now = time.monotonic()
+            if now - self._listed_at >= self.every:
+                self._listed_at = now
+                self.failed = self.job.failed_ids()
+        elif stamp != self._stamp:
             self._stamp = stamp
             self.failed = self.job.failed_ids()
         return self.failed
