@@ -93,10 +93,6 @@ class JobReport:
         return [a for a in self.attempts if a.outcome == "done"]
 
 
-def _num(value: object) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
 def _int(value: object) -> int | None:
     return value if type(value) is int else None
 

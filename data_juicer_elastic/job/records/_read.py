@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -11,18 +9,6 @@ import orjson
 from data_juicer_elastic.storage.store import Store
 
 MISSING = object()
-
-
-def read_bytes(path: Path | str, flags: int = 0) -> bytes:
-    """A small file's bytes in as few calls as the OS allows (open, read, read, close). Raises OSError."""
-    fd = os.open(path, os.O_RDONLY | flags)
-    try:
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
 
 
 def load_key(store: Store, key: str) -> Any:
