@@ -117,7 +117,7 @@ def export_folder(
             os.unlink(folder / name)
     fsync_dir(folder)  # every part's name is durable before the manifest says the folder is complete
     atomic_write(folder / SUCCESS, dumps_json(manifest))
-    if copied and parquet_out.is_local(job.store):
+    if copied and job.files_are_local:
         log(f"{copied} part(s) were copied: {folder} is not on the job dir's file system (no hard link possible)")
     return _result(folder, records, linked=linked, copied=copied, kept=kept)
 
@@ -184,7 +184,7 @@ def _parts_in_place(folder: Path, manifest: dict) -> bool:
 def _publish_part(record: DoneRecord, path: Path, target: Path, job: JobDir) -> str:
     """Put the shard's output at ``target``: ``linked``, ``copied`` or ``kept`` (already there). An output
     in a store that is no POSIX folder (S3) has no file to stat or link: it is copied, checked as it is read."""
-    local = parquet_out.is_local(job.store)
+    local = job.files_are_local
     if local and _in_place(record, path, target):
         return "kept"
     tmp = temp_name(target)
@@ -401,10 +401,9 @@ def export_parquet_folder(
     already has one schema; parts whose schema differs are rewritten with the union. ``_SUCCESS`` last.
     The parts are ``job``'s, read through its store; copied (checked) where it is no POSIX folder."""
     found = [(r, *parquet_out.shard_parquet(job, r, path)) for r, path in records]
-    local = [parquet_out.is_local(job.store) for _, path, _ in found]
-    for (r, path, meta), here in zip(found, local, strict=True):
-        if here:  # elsewhere the bytes are checked as they are copied
-            _check_size(r.shard, path, meta["bytes"])
+    local = job.files_are_local
+    for r, path, meta in found if local else ():  # elsewhere the bytes are checked as they are copied
+        _check_size(r.shard, path, meta["bytes"])
     key = [_source_entry(r, meta) for r, _, meta in found]
     success = folder / SUCCESS
     if folder.exists() and success.exists():
@@ -415,7 +414,7 @@ def export_parquet_folder(
     remove_dead_temps_in(folder)
     schemas, schema = parquet_out.part_schemas(job, [(r.shard, path, meta) for r, path, meta in found])
     parts, linked, copied = [], 0, 0
-    for (r, path, meta), own, here in zip(found, schemas, local, strict=True):
+    for (r, path, meta), own in zip(found, schemas, strict=True):
         target = folder / part_name(r.shard, "parquet")
         tmp = temp_name(target)
         d = None
@@ -425,7 +424,7 @@ def export_parquet_folder(
                 parquet_out.rewrite_part(checked, tmp, schema)
                 d = digest_file(tmp)
                 copied += 1
-            elif here and _linked(path, tmp):
+            elif local and _linked(path, tmp):
                 linked += 1
             else:
                 tmp.write_bytes(bytes(parquet_out.read_checked(job, r.shard, path, meta)))

@@ -38,7 +38,6 @@ import orjson
 
 from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.storage.files import dumps_json, fsync_dir, temp_name, unlink_quietly
-from data_juicer_elastic.storage.posix import PosixStore
 from data_juicer_elastic.storage.store import Store
 
 if TYPE_CHECKING:
@@ -143,11 +142,6 @@ def output_format(output: str, job: JobDir | None = None) -> str:
 
 
 # --------------------------------------------------------------------------- the job's files, through its store
-def is_local(store: Store) -> bool:
-    """Is ``store`` a POSIX folder, whose files a path names (hard links, pyarrow reading a path)?"""
-    return isinstance(store, PosixStore)
-
-
 def read_whole(store: Store, key: str) -> bytes | None:
     """``key``'s bytes (``open_read``, so a large part is never a ``read`` of a small record); None when missing."""
     stream = store.open_read(key)

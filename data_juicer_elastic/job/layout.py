@@ -153,6 +153,12 @@ class JobDir:
         return self._store
 
     @property
+    def files_are_local(self) -> bool:
+        """Does a path name this job's files (a POSIX store: hard links, a runner writing in place, pyarrow
+        reading a path)? Else every file goes through ``store`` (an object store; a test's wrapped store)."""
+        return isinstance(self.store, PosixStore)
+
+    @property
     def on_object_store(self) -> bool:
         """A job dir given as an ``s3://`` URL: no folders, no links, every read through ``store``."""
         return isinstance(self.root, ObjectPath)

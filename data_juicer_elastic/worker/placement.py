@@ -32,7 +32,6 @@ from data_juicer_elastic.job.attempt_files import AttemptDir
 from data_juicer_elastic.job.layout import JobDir, attempt_name
 from data_juicer_elastic.storage.blocks import digest_blocks
 from data_juicer_elastic.storage.host import holder_gone, hostname, identity
-from data_juicer_elastic.storage.posix import PosixStore
 from data_juicer_elastic.storage.store import Meta, Store
 from data_juicer_elastic.worker.disk_full import space_for
 from data_juicer_elastic.worker.outputs import OutputDigest
@@ -216,6 +215,6 @@ _PROCESS = re.compile(r"p(\d+)-(\d+)")
 
 def placement_for(job: JobDir, sid: str, attempt: int, scratch: Path | None = None) -> Placement:
     """``Direct`` on a POSIX job dir, else ``Scratch`` under ``scratch`` (tests pass one to force it on POSIX)."""
-    if scratch is None and isinstance(job.store, PosixStore):
+    if scratch is None and job.files_are_local:
         return Direct(job, sid, attempt)
     return Scratch(job, sid, attempt, scratch or scratch_base(job))
