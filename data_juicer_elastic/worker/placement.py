@@ -22,7 +22,6 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -30,13 +29,11 @@ from data_juicer_elastic import parquet_out
 from data_juicer_elastic.errors import IntegrityError
 from data_juicer_elastic.job.attempt_files import AttemptDir
 from data_juicer_elastic.job.layout import JobDir, attempt_name
-from data_juicer_elastic.storage.blocks import digest_blocks
+from data_juicer_elastic.storage.blocks import digest_file
 from data_juicer_elastic.storage.host import holder_gone, hostname, identity
-from data_juicer_elastic.storage.store import Meta, Store
 from data_juicer_elastic.worker.disk_full import space_for
 from data_juicer_elastic.worker.outputs import OutputDigest
 
-READ_CHUNK = 16 << 20  # the re-read of an uploaded output, one ranged read at a time
 KEPT = (AttemptDir.OPS, AttemptDir.LOG)  # what a failed attempt's folder holds for status, report and people
 # written beside the output where the recipe exports Parquet (``write_shard_parquet``), the sidecar last: the
 # exports read both (``parquet_out.shard_parquet``), so a done attempt's store holds them as its output
@@ -129,7 +126,8 @@ class Scratch:
         """The output first, then its Parquet files: a failure after it (its check, an upload) keeps the log
         with its traceback."""
         if digest is not None:
-            self._check(digest, self._upload(AttemptDir.OUTPUT).size)
+            self._upload(AttemptDir.OUTPUT)
+            self._check(digest)
             self._upload_present(BESIDE)
         self._upload_present(KEPT)
 
@@ -147,35 +145,26 @@ class Scratch:
             if name not in self.kept and (self.folder / name).exists():
                 self._upload(name)
 
-    def _upload(self, name: str) -> Meta:
+    def _upload(self, name: str) -> None:
         key = f"{self.prefix}/{name}"
-        meta = self.job.store.upload(key, self.folder / name, create_once=True)
-        if meta is None:
+        if self.job.store.upload(key, self.folder / name, create_once=True) is None:
             raise IntegrityError(
                 f"{self.job.store.describe()}: {key} was already there when attempt {self.attempt} of {self.sid} "
                 "uploaded it; something other than this attempt wrote it: not publishing"
             )
         self.kept.add(name)
-        return meta
 
-    def _check(self, digest: OutputDigest, size: int) -> None:
-        """Re-read the stored output (``size`` bytes, as its upload reported) and compare it with what was
-        checked here (invariant 5)."""
+    def _check(self, digest: OutputDigest) -> None:
+        """Re-read the stored output (one streamed GET on S3) and compare it with what was checked here
+        (invariant 5)."""
         key = f"{self.prefix}/{AttemptDir.OUTPUT}"
-        stored = digest_blocks(_ranges(self.job.store, key, size))
+        with self.job.open_output(self.sid, self.job.attempt_output(self.sid, self.attempt)) as stream:
+            stored = digest_file(stream)
         if (stored.bytes, stored.sha256) != (digest.bytes, digest.sha256):
             raise IntegrityError(
                 f"{self.job.store.describe()}: {key} reads back as {stored.bytes} bytes, sha256 "
                 f"{stored.sha256[:12]}…, not the {digest.bytes} bytes, sha256 {digest.sha256[:12]}… uploaded"
             )
-
-
-def _ranges(store: Store, key: str, size: int) -> Iterator[bytes]:
-    """``key``'s first ``size`` bytes in ranged reads (no read past them: an object's end answers 416)."""
-    start = 0
-    while start < size and (chunk := store.open_range(key, start, min(start + READ_CHUNK, size))):
-        yield chunk
-        start += len(chunk)
 
 
 def scratch_base(job: JobDir, root: str | os.PathLike | None = None) -> Path:
