@@ -281,8 +281,8 @@ def write_merged(job: JobDir, parts: list[tuple[str, Path, dict]], out: Path, ti
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    schemas = [schema_of_file(job, shard, path, meta["bytes"]) for shard, path, meta in parts]  # footers only
-    schema = schemas[0] if len(set(map(str, schemas))) == 1 else unify(schemas)
+    schemas, union = part_schemas(job, parts)  # footers only
+    schema = union if union is not None else schemas[0] if schemas else unify(schemas)
     rows = 0
     with pq.ParquetWriter(out, schema) as writer:
         for shard, path, meta in parts:
