@@ -267,7 +267,7 @@ class Attempt:
             rows=digest.rows,
             bytes=digest.bytes,
             sha256=digest.sha256,
-            output=str((self.adir / AttemptDir.OUTPUT).relative_to(self.job.root)),
+            output=self.job.relative(self.job.attempt_output(self.lease.shard, self.lease.attempt)),
             started_at=self.processing_wall or self.record.started_at,  # the shard's own time, not its wait
             finished_at=time.time(),
             backup=self.lease.backup_of is not None,
@@ -304,7 +304,10 @@ class Attempt:
         log_path = self.adir / AttemptDir.LOG
         with open(self.files.log, "a", encoding="utf-8") as f:
             f.write("\n" + "".join(traceback.format_exception(exc)))
-        self.placement.keep()  # the log and op counts, for the failure message, status and report
+        try:
+            self.placement.keep()  # the log and op counts, for the failure message, status and report
+        except (IntegrityError, *self.job.store.errors) as kept_exc:  # best effort: the failure still counts
+            self.log(f"{self.name}: its log was not kept ({one_line(str(kept_exc), 300)})")
         self.end("failed", error)
         failures = failure_count(self.job, self.lease.shard, self.lease.attempt)
         self.log(f"{self.name} failed ({failures} failure(s)): {one_line(error, 300)}; log: {log_path}")
