@@ -145,8 +145,11 @@ def _verify_shard(job: JobDir, spec: ShardSpec, buf: bytearray | None) -> tuple[
         try:
             with job.open_output(spec.id, output) as stream:
                 d = digest_file(stream, buf)
-        except IntegrityError as exc:
+        except IntegrityError as exc:  # missing, or unreadable when opened
             return ShardCheck(spec.id, False, record.host, record.rows, str(exc)), True
+        except job.store.errors as exc:  # failed while read (EIO, a dropped connection)
+            problem = f"shard {spec.id}: {output} cannot be read ({exc}); restore it or rerun the shard"
+            return ShardCheck(spec.id, False, record.host, record.rows, problem), True
         problem = record.describe_mismatch(output, d.rows, d.bytes, d.sha256, d.ends_with_newline)
         if problem:
             return ShardCheck(spec.id, False, record.host, record.rows, problem), True
