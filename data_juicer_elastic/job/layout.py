@@ -47,8 +47,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import orjson
-
 from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.job.attempt_files import AttemptDir
 from data_juicer_elastic.job.manifest import (
@@ -60,6 +58,7 @@ from data_juicer_elastic.job.manifest import (
     ShardSpec,
     manifest_digest,
 )
+from data_juicer_elastic.job.records._read import MISSING, load_key, load_record
 from data_juicer_elastic.job.shard_table import shard_id
 from data_juicer_elastic.storage.files import create_exclusive
 from data_juicer_elastic.storage.posix import PosixStore
@@ -165,10 +164,10 @@ class JobDir:
 
     def _read_json(self, path: Path) -> Any:
         """The JSON at ``path`` in the job dir, read through the store; FileNotFoundError when missing."""
-        got = self.store.read(self.key(path))
-        if got is None:
+        raw = load_key(self.store, self.key(path))
+        if raw is MISSING:
             raise FileNotFoundError(errno.ENOENT, "missing", str(path))
-        return orjson.loads(got[0])
+        return raw
 
     def key(self, path: Path) -> str:
         """``path`` (inside the job dir) as a store key: relative to ``root``, '/'-separated."""
@@ -201,10 +200,7 @@ class JobDir:
         return self._generation
 
     def _current(self) -> str:
-        try:
-            gen = self._read_json(self.current_path).get("generation", "")
-        except (OSError, ValueError, AttributeError):
-            gen = ""
+        gen = load_record(self.store, self.key(self.current_path)).get("generation", "")
         if not gen:
             known = self.generation_ids()
             gen = known[-1] if known else ""
