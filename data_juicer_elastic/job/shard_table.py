@@ -15,6 +15,7 @@ edited manifest is. Ids and paths are not stored: they follow from the index.
 from __future__ import annotations
 
 import hashlib
+import io
 import itertools
 from array import array
 from collections.abc import Iterator, Mapping, Sequence
@@ -226,10 +227,10 @@ class _Stored:
         stream = self.store.open_read(self.key)
         if stream is None:
             raise self._missing()
-        with stream:
+        with io.BufferedReader(stream) as f:  # read(n): n bytes, fewer only at the end (a raw read may be short)
             for b in range(len(self.ends)):
-                self._checked(b, _read_full(stream, self._length(b)))
-            if stream.read(1):
+                self._checked(b, f.read(self._length(b)))
+            if f.read(1):
                 raise self._edited("its end (bytes after the last block)")
 
     def block(self, b: int) -> list[ShardSpec]:
@@ -285,12 +286,3 @@ def _spec(i: int, count: int, d: dict[str, Any]) -> ShardSpec:
     sid = shard_id(i, count)
     sources = tuple(ShardSource(**s) for s in d["sources"])
     return ShardSpec(sid, f"shards/{sid}.jsonl", **{**d, "sources": sources})
-
-
-def _read_full(stream: Any, n: int) -> bytes:
-    """``n`` bytes of ``stream``, fewer only where it ends (a raw read may return less than asked)."""
-    parts, got = [], 0
-    while got < n and (chunk := stream.read(n - got)):
-        parts.append(chunk)
-        got += len(chunk)
-    return b"".join(parts)
