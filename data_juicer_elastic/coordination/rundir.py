@@ -88,9 +88,7 @@ class RunDir:
         job. A store whose clock is its own (S3: a HEAD's ``Date``) is used as it is.
         """
         pid = os.getpid() if pid is None else pid
-        if isinstance(store, PosixStore):
-            store = PosixStore(store.root, clock_key=f"{prefix}/clock/{safe_key(host)}-{pid}")
-        return cls(store, prefix, run_id, host, pid)
+        return cls(store.with_clock(f"{prefix}/clock/{safe_key(host)}-{pid}"), prefix, run_id, host, pid)
 
     @classmethod
     def open(cls, store: Store, prefix: str, run_id: str, host: str) -> RunDir:

@@ -55,7 +55,7 @@ from data_juicer_elastic.job.records.done import is_done
 from data_juicer_elastic.job.records.workers import WorkerLedger
 from data_juicer_elastic.storage.files import dumps_json
 from data_juicer_elastic.storage.host import holder_gone, hostname, identity
-from data_juicer_elastic.storage.posix import RELEASED_MTIME, PosixStore
+from data_juicer_elastic.storage.posix import RELEASED_MTIME
 from data_juicer_elastic.storage.refresher import LeaseRefresher
 from data_juicer_elastic.storage.store import Store, Ver
 
@@ -116,10 +116,7 @@ class ClaimStore:
         self.lock_timeout = lock_timeout
         self.host = host
         self.pid = os.getpid() if pid is None else pid
-        self.store: Store = job.store  # an object store ages leases by its own clock (a response's Date)
-        if not job.on_object_store:  # its own clock probe, as each worker always had
-            clock = (job.clock_dir / f"{host}-{self.pid}").relative_to(job.root).as_posix()
-            self.store = PosixStore(job.root, clock_key=clock)
+        self.store: Store = job.store.with_clock(job.key(job.clock_dir / f"{host}-{self.pid}"))  # its own probe
         self._vers: dict[str, Ver] = {}  # lease key -> the version this process last created or renewed
         self._ledger: WorkerLedger | None = None
         self._holders: dict[tuple[str, int], dict] = {}  # lease bodies read so far (a lease's body never changes)
@@ -296,6 +293,13 @@ class ClaimStore:
         key = self.key(lease.shard, lease.attempt)
         return self._vers.get(key) or _ver_now(self.store, key)
 
+    def hand_over(self, lease: Lease) -> Ver | None:
+        """``ver``, for a refresher that renews the lease from now on: this store forgets it, so a later beat
+        by hand reads the lease's version anew instead of sending one the refresher moved past."""
+        ver = self.ver(lease)
+        self._vers.pop(self.key(lease.shard, lease.attempt), None)
+        return ver
+
     def release(self, lease: Lease) -> None:
         """Make the shard claimable at once (a released mtime reads as infinitely stale)."""
         self.release_attempt(lease.shard, lease.attempt)
@@ -358,12 +362,12 @@ def heartbeat(
 
     ``.lost`` is set (and ``on_lost`` called) once a later attempt superseded it, or once another
     attempt of the shard (its backup, or the original it backs up) published the done record. The
-    refresher then holds the lease's version: ``ClaimStore.renew`` is for beats by hand, never beside it.
+    refresher then holds the lease's version (``ClaimStore.hand_over``).
     """
     return LeaseRefresher(
         store.store,
         store.key(lease.shard, lease.attempt),
-        store.ver(lease),
+        store.hand_over(lease),
         interval,
         still_ours=lambda: store.is_current(lease) and not is_done(store.job, lease.shard),
         log=log,

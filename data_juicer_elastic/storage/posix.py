@@ -72,6 +72,9 @@ class PosixStore:
     def describe(self) -> str:
         return str(self.root)
 
+    def with_clock(self, key: str) -> PosixStore:
+        return PosixStore(self.root, clock_key=key)
+
     def path(self, key: str) -> Path:
         """The file that holds ``key`` (normalised and confined)."""
         return self.root / normalise_key(key)

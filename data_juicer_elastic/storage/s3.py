@@ -100,6 +100,9 @@ class S3Store:
     def describe(self) -> str:
         return f"{self.url} (endpoint {self.endpoint})"
 
+    def with_clock(self, key: str) -> S3Store:
+        return self  # every response carries the store's own Date
+
     def create(self, key: str, data: bytes, *, exclusive: bool = False, durable: bool = True) -> Meta | None:
         """One ``If-None-Match: *`` PUT (``exclusive`` and ``durable`` change nothing: a PUT is whole and
         durable either way); its ``modified`` is the response's ``Date``, the store's clock at the write (a

@@ -155,6 +155,12 @@ class Store(Protocol):
         """The store's clock (epoch seconds): the one clock every node reads alike."""
         ...
 
+    def with_clock(self, key: str) -> Store:
+        """This store, its clock read through ``key``: POSIX probes the file server's clock by touching a file,
+        and each process keeps its own (so no file is touched by every process of a job); a store whose
+        clock is its own (S3: a response's ``Date``) returns itself."""
+        ...
+
 
 def store_for(url: str, *, endpoint_url: str | None = None, dialect: str = "s3") -> Store:
     """The store a job-dir URL names: a path or ``file://`` -> PosixStore; ``s3://bucket/prefix`` -> S3Store.
