@@ -86,9 +86,16 @@ def write_tail(job: JobDir, lane: int, index: int) -> None:
 
 def lane_state(job: JobDir, bounds: tuple[int, int], lane: int) -> tuple[int, int]:
     """(hint, tail) of a lane, each clamped to its bounds; a missing file says nothing (start, end)."""
-    lo, hi = bounds
-    hint, tail = read_hint(job, lane), read_tail(job, lane)
-    return max(lo, min(hint if hint is not None else lo, hi)), max(lo, min(tail if tail is not None else hi, hi))
+    return lane_hint(job, bounds, lane), _within(read_tail(job, lane), bounds, bounds[1])
+
+
+def lane_hint(job: JobDir, bounds: tuple[int, int], lane: int) -> int:
+    """The lane's hint alone, clamped to its bounds (the start when missing): all a guest needs of it."""
+    return _within(read_hint(job, lane), bounds, bounds[0])
+
+
+def _within(index: int | None, bounds: tuple[int, int], missing: int) -> int:
+    return max(bounds[0], min(missing if index is None else index, bounds[1]))
 
 
 def fresh_left(job: JobDir, count: int) -> int:
@@ -209,13 +216,13 @@ class Lanes:
                 return self._exhaust(walk)  # met the other end: everything between was claimed
             sid = self.order[index]
             if self.store.exists(sid, 1):  # claimed before: not fresh
-                if not walk.in_claimed:  # the first claimed shard of a run: read both ends again
+                if not walk.in_claimed:  # the first claimed shard of a run: read the ends again
                     walk.in_claimed = True
-                    hint, tail = lane_state(self.job, self.bounds[walk.lane], walk.lane)
                     if walk.owner:  # skip what another owner reported claimed; stop where the guests are
+                        hint, tail = lane_state(self.job, self.bounds[walk.lane], walk.lane)
                         walk.cursor, walk.other = max(walk.cursor, hint), tail
-                    else:
-                        walk.other = hint
+                    else:  # a guest stops at the hint; the tail is its own end
+                        walk.other = lane_hint(self.job, self.bounds[walk.lane], walk.lane)
                     continue
                 walk.cursor += 1 if walk.owner else -1
                 continue
