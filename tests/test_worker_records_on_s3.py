@@ -7,41 +7,20 @@ an ``S3Store`` against a real moto server in its own process (tests/s3server.py)
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from data_juicer_elastic.job.claims import claim_store
 from data_juicer_elastic.job.records.workers import WorkerLedger, WorkerRecord, read_workers, write_worker
-from data_juicer_elastic.storage.store import Store, store_for
+from data_juicer_elastic.storage.store import Store
 from data_juicer_elastic.worker.sweep import SnapshotCache
 from tests.jobs import make_job
-from tests.s3server import s3_server, use_env
+from tests.test_store_contract import moto_env, store  # noqa: F401 (fixtures: the server, both stores)
 
-BUCKET = "dje-test"
 WORKERS = "state/workers"
 SID = "part-00000-of-00002"
 
 
-@pytest.fixture(scope="module")
-def moto_env() -> Iterator[dict[str, str]]:
-    pytest.importorskip("boto3")
-    pytest.importorskip("moto")
-    with s3_server(BUCKET) as env:
-        yield env
-
-
-@pytest.fixture(params=["posix", "s3"])
-def store(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
-    if request.param == "posix":
-        return store_for(str(tmp_path / "job"))
-    use_env(monkeypatch, request.getfixturevalue("moto_env"))
-    return store_for(f"s3://{BUCKET}/jobs/{uuid.uuid4().hex[:12]}")  # a fresh prefix per test
-
-
-def test_a_ledger_writes_its_record_whole_and_read_workers_sums_it(store: Store):
+def test_a_ledger_writes_its_record_whole_and_read_workers_sums_it(store: Store):  # noqa: F811
     ledger = WorkerLedger(store, WORKERS, "node-a", 41, "abcd")
     ledger.hold(SID, 1)
     ledger.published(SID, 1, 2, 2, 0, 10, 1.0, 2.0)
@@ -54,7 +33,7 @@ def test_a_ledger_writes_its_record_whole_and_read_workers_sums_it(store: Store)
     assert got is not None and got[0] == ledger.record.to_bytes()  # the bytes the previous version wrote
 
 
-def test_what_is_not_a_record_is_counted_unreadable_and_other_names_are_not_listed(store: Store):
+def test_what_is_not_a_record_is_counted_unreadable_and_other_names_are_not_listed(store: Store):  # noqa: F811
     write_worker(store, WORKERS, WorkerRecord(worker="good", host="h", pid=1, published=3))
     store.replace(f"{WORKERS}/cut.json", b'{"worker": "cu')
     store.replace(f"{WORKERS}/notes.txt", b"not a record")
@@ -64,7 +43,7 @@ def test_what_is_not_a_record_is_counted_unreadable_and_other_names_are_not_list
     assert read_workers(store, "state/none") == ([], 0)
 
 
-def test_one_process_wins_a_rebuild_ticket_and_another_once_it_is_deleted(tmp_path: Path, store: Store):
+def test_one_process_wins_a_rebuild_ticket_and_another_once_it_is_deleted(tmp_path: Path, store: Store):  # noqa: F811
     """The tickets live on the job's store (a missing ``progress.d`` is made by the create on POSIX)."""
     job = make_job(tmp_path / "src", rows=4, shards=2)
     job._store = store  # the job's store is where its tickets go
