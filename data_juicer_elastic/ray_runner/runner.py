@@ -51,7 +51,6 @@ def recurring(exc: Exception, shard: str, job: _Job) -> Exception:
 
 @dataclass
 class _Job:
-    root: str  # the generation's folder as the worker names it (a path, or an s3:// URL): the key of _jobs
     dir: JobDir  # the job it names: its manifest, recipe and recorded schema are read through its store
     cfg: Any  # the parsed recipe, shared by all attempts of this job
     recipe_sha256: str
@@ -131,7 +130,7 @@ class RayShardRunner:
         load_custom_operators_once(operator_paths)
         cfg = parse_recipe(recipe, recipe_source(job, key))
         cfg.custom_operator_paths = operator_paths or None
-        self._jobs[key] = _Job(key, job, cfg, sha, WarmOps())
+        self._jobs[key] = _Job(job, cfg, sha, WarmOps())  # key: the generation's folder as named (path or URL)
         return cfg
 
     def run(self, shard_path: str, output_path: str, job_dir: str) -> None:

@@ -54,7 +54,7 @@ class FailedWatch:
         self._key = job.key(job.failed_dir)
         self._stamp: str | None = ""  # no folder, no failed shard: nothing to list until one appears
         self.failed: set[str] = set()
-        self.every = job.manifest().policy.poll_interval_secs
+        self.every = refresh_interval(job)
         self._listed_at = -math.inf  # monotonic time of the last listing, where the store keeps no stamp
 
     def check(self) -> set[str]:
