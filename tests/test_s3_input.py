@@ -1,4 +1,4 @@
-"""JSONL input on S3 with a local job dir (docs/OBJECT_STORE.md section 6, step 10).
+"""JSONL and Parquet input on S3 with a local job dir (docs/OBJECT_STORE.md section 6, step 10).
 
 Real moto server in its own process (tests/s3server.py), real prepare, real
 worker processes with the copy runner. The S3 input must give exactly the
@@ -9,6 +9,7 @@ mtime for a file) differ.
 
 from __future__ import annotations
 
+import gzip
 import os
 import re
 import subprocess
@@ -19,18 +20,21 @@ from pathlib import Path
 import orjson
 import pytest
 
-from data_juicer_elastic.errors import UserError
+from data_juicer_elastic.errors import PermanentError, UserError
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.shard_table import TABLE_NAME
 from data_juicer_elastic.merge import merge
+from data_juicer_elastic.prepare.parquet import read_descriptor, schema_of
 from data_juicer_elastic.prepare.source import s3_objects
 from tests.jobs import REPO, env_with, spawn_worker
 from tests.prep_helpers import request, run, shard_bytes, text_rows, write_rows
 from tests.reference import elastic_recipe, read_rows, run_elastic
 from tests.s3server import s3_server, use_env
+from tests.test_prepare_parquet import _table, write_parquet
 
 pytest.importorskip("boto3")
 pytest.importorskip("moto")
+zstandard = pytest.importorskip("zstandard")
 
 BUCKET = "dje-input"
 
@@ -87,16 +91,23 @@ def assert_same_shards(local_job: Path, s3_job: Path, url: str) -> None:
     assert {k: v for k, v in remote.items() if k not in ignored} == {k: v for k, v in local.items() if k not in ignored}
 
 
-@pytest.mark.parametrize("shards, jobs", [(1, 0), (4, 0), (13, 2)])
-def test_a_prefix_gives_the_shards_of_the_same_folder_on_disk(tmp_path: Path, s3, shards: int, jobs: int) -> None:
-    root = corpus(tmp_path / "ds")
-    upload(s3, root, "folder/ds")
-    s3.put_object(Bucket=BUCKET, Key="folder/ds/empty-marker/", Body=b"")  # a console's "folder"
-    s3.put_object(Bucket=BUCKET, Key="folder/dsx.jsonl", Body=b'{"text": "beside the prefix"}\n')
-    url = f"s3://{BUCKET}/folder/ds/"
+@pytest.mark.parametrize(
+    "shards, jobs, packed", [(1, 0, False), (4, 0, False), (13, 2, False), (1, 0, True), (5, 0, True), (9, 2, True)]
+)
+def test_a_prefix_gives_the_shards_of_the_same_folder_on_disk(
+    tmp_path: Path, s3, shards: int, jobs: int, packed: bool
+) -> None:
+    """``packed``: a.jsonl gzipped and a/z.jsonl zstd-compressed, the JSONL kinds one local folder may mix."""
+    root = (mixed_corpus if packed else corpus)(tmp_path / "ds")
+    folder = f"folder-{shards}-{packed}"
+    upload(s3, root, f"{folder}/ds")
+    s3.put_object(Bucket=BUCKET, Key=f"{folder}/ds/empty-marker/", Body=b"")  # a console's "folder"
+    s3.put_object(Bucket=BUCKET, Key=f"{folder}/dsx.jsonl", Body=b'{"text": "beside the prefix"}\n')
+    url = f"s3://{BUCKET}/{folder}/ds/"
     run(request(root, tmp_path / "local", shards), jobs=jobs)
     remote, logs = run(request(url, tmp_path / "remote", shards), jobs=jobs)
-    assert [f.path for f in remote.manifest.files] == ["a.jsonl", "a/z.jsonl", "b.jsonl"]
+    names = ["a.jsonl.gz", "a/z.jsonl.zst", "b.jsonl"] if packed else ["a.jsonl", "a/z.jsonl", "b.jsonl"]
+    assert [f.path for f in remote.manifest.files] == names
     assert_same_shards(tmp_path / "local", tmp_path / "remote", url)
     assert any("skipped 1 file(s)" in line and "notes.txt" in line for line in logs), logs
 
@@ -142,15 +153,129 @@ def test_a_missing_bucket_or_key_is_refused_naming_the_url(tmp_path: Path, s3, u
     assert not (tmp_path / "job" / "manifest.json").exists()
 
 
-@pytest.mark.parametrize("name, what", [("d.jsonl.gz", "compressed JSONL (.jsonl.gz)"), ("d.parquet", "Parquet")])
-def test_compressed_and_parquet_objects_are_refused_by_name(tmp_path: Path, s3, name: str, what: str) -> None:
-    s3.put_object(Bucket=BUCKET, Key=f"kinds/{name}", Body=b"not read")
-    s3.put_object(Bucket=BUCKET, Key="kinds/plain.jsonl", Body=b'{"text": "a"}\n')
-    for url in (f"s3://{BUCKET}/kinds/{name}", f"s3://{BUCKET}/kinds/"):
-        message = f"s3://{BUCKET}/kinds/{name}: {what} input on S3 is not supported yet"
-        with pytest.raises(UserError, match=re.escape(message)):
-            run(request(url, tmp_path / "job", 1))
-    s3.delete_object(Bucket=BUCKET, Key=f"kinds/{name}")
+def compress(path: Path, codec: str) -> Path:
+    """``path`` replaced by its ``.gz`` or ``.zst`` form (multi-frame for zst, as a streaming writer makes)."""
+    data = path.read_bytes()
+    out = path.with_name(f"{path.name}.{codec}")
+    if codec == "gz":
+        out.write_bytes(gzip.compress(data, mtime=0))
+    else:
+        cctx = zstandard.ZstdCompressor()
+        out.write_bytes(b"".join(cctx.compress(data[i : i + 1000]) for i in range(0, len(data), 1000)))
+    path.unlink()
+    return out
+
+
+def mixed_corpus(root: Path) -> Path:
+    """The corpus with a.jsonl gzipped and a/z.jsonl zstd-compressed: a folder of JSONL kinds local disk takes."""
+    corpus(root)
+    compress(root / "a.jsonl", "gz")
+    compress(root / "a" / "z.jsonl", "zst")
+    return root
+
+
+@pytest.mark.parametrize("codec", ["gz", "zst"])
+def test_a_compressed_object_gives_the_shards_of_the_same_file_on_disk(tmp_path: Path, s3, codec: str) -> None:
+    data = compress(write_rows(tmp_path / "data.jsonl", text_rows(3000, width=300)), codec)  # > 1 MiB plain
+    upload(s3, data, "packed")
+    url = f"s3://{BUCKET}/packed/{data.name}"
+    run(request(data, tmp_path / "local", 4))
+    remote, _ = run(request(url, tmp_path / "remote", 4))
+    assert remote.manifest.files[0].path == data.name and remote.manifest.total_rows == 3000
+    assert_same_shards(tmp_path / "local", tmp_path / "remote", url)
+
+
+def parquet_corpus(root: Path) -> Path:
+    write_parquet(root / "a.parquet", _table(0, 1000), [100, 400, 50, 450])
+    write_parquet(root / "sub" / "b.parquet", _table(1000, 600, width=60), [300, 200, 100])
+    (root / "notes.txt").write_text("not an input")
+    return root
+
+
+def descriptors(job_dir: Path) -> list[dict]:
+    """Each shard's descriptor without where its files are (path, mtime, ETag): the rest must match."""
+    where = ("path", "mtime_ns", "etag")
+    return [
+        {**d, "sources": [{k: v for k, v in src.items() if k not in where} for src in d["sources"]]}
+        for d in map(orjson.loads, shard_bytes(job_dir))
+    ]
+
+
+def tables(job_dir: Path) -> list:
+    """The rows each shard's descriptor reads (the runner's ``read_descriptor``), as Python rows."""
+    job = JobDir(job_dir)
+    schema = schema_of(job.manifest().parquet)
+    return [[t.to_pylist() for t in read_descriptor(str(job.shard_file(s.id)), schema)] for s in job.manifest().shards]
+
+
+@pytest.mark.parametrize("shards", [1, 3, 7])
+def test_a_parquet_prefix_gives_the_shards_of_the_same_folder_on_disk(tmp_path: Path, s3, shards: int) -> None:
+    """The descriptors differ only in where the files are (URL and ETag for a path and mtime), so the table's
+    per-shard digests and sizes do too; the row groups, byte ranges, range digests and rows read are the same."""
+    root = parquet_corpus(tmp_path / "ds")
+    upload(s3, root, f"pq-{shards}/ds")
+    url = f"s3://{BUCKET}/pq-{shards}/ds/"
+    run(request(root, tmp_path / "local", shards))
+    remote, logs = run(request(url, tmp_path / "remote", shards))
+    assert [f.path for f in remote.manifest.files] == ["a.parquet", "sub/b.parquet"]
+    assert any("skipped 1 file(s)" in line and "notes.txt" in line for line in logs), logs
+    local_job, s3_job = tmp_path / "local", tmp_path / "remote"
+    assert descriptors(s3_job) == descriptors(local_job)
+    first = orjson.loads(shard_bytes(s3_job)[0])["sources"][0]
+    assert first["path"] == url + "a.parquet" and first["mtime_ns"] == 0
+    assert first["etag"] == s3.head_object(Bucket=BUCKET, Key=f"pq-{shards}/ds/a.parquet")["ETag"]
+    placeless = [
+        {k: v for k, v in orjson.loads(line).items() if k not in ("sha256", "bytes")}
+        for line in (s3_job / TABLE_NAME).read_bytes().splitlines()
+    ]
+    assert placeless == [
+        {k: v for k, v in orjson.loads(line).items() if k not in ("sha256", "bytes")}
+        for line in (local_job / TABLE_NAME).read_bytes().splitlines()
+    ]
+    local, remote_m = manifest_dict(local_job), manifest_dict(s3_job)
+    for f_local, f_remote in zip(local["files"], remote_m["files"], strict=True):
+        assert {**f_remote, "mtime_ns": f_local["mtime_ns"], "etag": None} == {**f_local, "etag": None}
+    ignored = ("dataset_path", "files", "created_at", "digest", "shard_table", "total_bytes")  # descriptors' sizes
+    assert {k: v for k, v in remote_m.items() if k not in ignored} == {
+        k: v for k, v in local.items() if k not in ignored
+    }
+    assert tables(s3_job) == tables(local_job)
+
+
+def test_a_parquet_object_edited_since_prepare_is_refused_by_prepare_and_the_runner(tmp_path: Path, s3) -> None:
+    data = write_parquet(tmp_path / "d.parquet", _table(0, 300), [100, 200])
+    upload(s3, data, "pq-edit")
+    req = request(f"s3://{BUCKET}/pq-edit/d.parquet", tmp_path / "job", 2)
+    run(req)
+    write_parquet(data, _table(5, 300), [100, 200])
+    upload(s3, data, "pq-edit")
+    with pytest.raises(UserError, match=r"input d\.parquet: changed since prepare \((size|ETag)"):
+        run(req)
+    job = JobDir(tmp_path / "job")
+    shard = str(job.shard_file(job.manifest().shards[0].id))
+    with pytest.raises(PermanentError, match=r"d\.parquet: changed since prepare .*etag"):
+        read_descriptor(shard, schema_of(job.manifest().parquet))
+
+
+def test_an_edited_compressed_object_is_refused_on_re_prepare(tmp_path: Path, s3) -> None:
+    data = compress(write_rows(tmp_path / "d.jsonl", text_rows(40)), "gz")
+    upload(s3, data, "gz-edit")
+    req = request(f"s3://{BUCKET}/gz-edit/d.jsonl.gz", tmp_path / "job", 2)
+    run(req)
+    s3.put_object(Bucket=BUCKET, Key="gz-edit/d.jsonl.gz", Body=gzip.compress(b'{"text": "other"}\n' * 40))
+    with pytest.raises(UserError, match=r"input d\.jsonl\.gz: changed since prepare"):
+        run(req)
+
+
+def test_a_prefix_mixing_jsonl_and_parquet_is_refused_as_the_same_folder_is(tmp_path: Path, s3) -> None:
+    root = tmp_path / "ds"
+    write_parquet(root / "p.parquet", _table(0, 10), [10])
+    compress(write_rows(root / "j.jsonl", text_rows(5)), "zst")
+    upload(s3, root, "kinds")
+    for dataset in (root, f"s3://{BUCKET}/kinds/"):
+        with pytest.raises(UserError, match=re.escape(f"{dataset}: mixes JSONL and Parquet inputs (e.g. j.jsonl.zst")):
+            run(request(dataset, tmp_path / "job", 1))
+    assert not (tmp_path / "job" / "manifest.json").exists()
 
 
 def test_relative_media_paths_resolve_against_the_object_folder(tmp_path: Path, s3) -> None:

@@ -67,6 +67,7 @@ from data_juicer_elastic.prepare.split import Piece, Stream, TooFewRows, plan
 from data_juicer_elastic.prepare.staging import Staging, complete_publication
 from data_juicer_elastic.progress import ProgressBar
 from data_juicer_elastic.storage.files import disk_full_in, fsync_dir, no_space_error
+from data_juicer_elastic.storage.urls import is_s3
 
 INLINE_BELOW = 32 << 20  # smaller inputs are not worth starting worker processes for
 MAX_JOBS = 8
@@ -224,7 +225,7 @@ class _Build:
     def _plan(self, mats: list[Materialised]) -> tuple[Stream, list[list[Piece]]]:
         n = self.req.policy.num_shards
         try:
-            parallel = REMOTE_SEARCHES if any(s.seen.etag is not None for s in self.inputs) else 1
+            parallel = REMOTE_SEARCHES if any(is_s3(m.data_path) for m in mats) else 1  # not a decompressed copy
             stream, ranges = plan([m.data_path for m in mats], [m.data_size for m in mats], n, parallel)
         except TooFewRows as exc:
             raise UserError(

@@ -7,11 +7,11 @@ format: a folder holding both JSONL and Parquet files is refused. Compressed fil
 the staging folder once, so every later step reads plain bytes with seeks;
 byte ranges in the manifest then refer to the decompressed stream.
 
-An ``s3://bucket/key`` dataset (one object, or the ``*.jsonl`` objects under
-a prefix) is discovered here too and read in place by ranged GETs
-(prepare.source); its objects are fingerprinted by size and ETag.
-Compressed JSONL and Parquet objects are refused by name: they are not read
-from S3 yet.
+An ``s3://bucket/key`` dataset (one object, or the objects under a prefix,
+by the same names and rules) is discovered here too; its objects are
+fingerprinted by size and ETag. Plain JSONL and Parquet objects are read in
+place by ranged GETs (prepare.source); a compressed object is streamed through
+its decompressor into the staging folder, as a local compressed file is.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, BinaryIO
 
 from data_juicer_elastic.errors import UserError
-from data_juicer_elastic.prepare.source import s3_objects, split_s3_url
+from data_juicer_elastic.prepare.source import open_input, s3_objects, split_s3_url
 from data_juicer_elastic.storage.blocks import blocks
 from data_juicer_elastic.storage.urls import SCHEME, is_s3
 
@@ -216,9 +216,12 @@ def _spec(path: str, rel: str, codec: str | None, media_base: str) -> InputSpec:
     except OSError as exc:
         raise _unreadable(path, exc) from exc
     if seen.size == 0:
-        what = "a Parquet file's rows" if codec == PARQUET else "rows (one JSON object per line)"
-        raise UserError(f"{path}: empty file; add {what} or remove it")
+        raise UserError(f"{path}: empty file; add {_rows_of(codec)} or remove it")
     return InputSpec(rel=rel, path=path, codec=codec, media_base=media_base, seen=seen)
+
+
+def _rows_of(codec: str | None) -> str:
+    return "a Parquet file's rows" if codec == PARQUET else "rows (one JSON object per line)"
 
 
 def _unreadable(path: str, exc: OSError) -> UserError:
@@ -257,14 +260,9 @@ def changed_error(spec: InputSpec, now: Fingerprint | None = None) -> UserError:
 # inputs on S3 -------------------------------------------------------------------------------------------
 # The same rules as a local dataset, so the same bytes give the same inputs in the same order: a key that
 # names an object is a file input; otherwise the keys under ``key/`` are a folder, taken by their path
-# relative to it, sorted, ``*.jsonl`` only (other names listed as skipped, hidden ones left out silently).
-# Each object is fingerprinted by its size and ETag (the HEAD or the listing); only the URL, the size and
-# the ETag are recorded.
-S3_NOT_YET = {
-    "gz": "compressed JSONL (.jsonl.gz)",
-    "zst": "compressed JSONL (.jsonl.zst)",
-    PARQUET: "Parquet",
-}
+# relative to it, sorted, by the folder's suffixes (other names listed as skipped, hidden ones left out
+# silently; JSONL and Parquet mixed refused). Each object is fingerprinted by its size and ETag (the HEAD or
+# the listing); only the URL, the size and the ETag are recorded.
 
 
 def _discover_s3(url: str) -> Dataset:
@@ -296,11 +294,13 @@ def _discover_s3(url: str) -> Dataset:
                 "fix the bucket or key"
             )
         raise UserError(
-            f"{url}: no *.jsonl objects found under it (searched recursively); name the input objects *.jsonl "
-            "or pass the object itself"
+            f"{url}: no *.jsonl, *.jsonl.gz, *.jsonl.zst or *.parquet objects found under it (searched "
+            "recursively); name the input objects with one of these suffixes or pass the object itself"
         )
     found.sort(key=lambda s: s.rel)
-    return Dataset(url, "dir", tuple(found), tuple(sorted(skipped)))
+    inputs = tuple(found)
+    _refuse_mixed(url, inputs)
+    return Dataset(url, "dir", inputs, tuple(sorted(skipped)))
 
 
 def _fingerprint_s3(url: str) -> Fingerprint:
@@ -319,15 +319,10 @@ def _object_fingerprint(info: ObjectInfo) -> Fingerprint:
 def _s3_spec(bucket: str, info: ObjectInfo, rel: str, folder: str) -> InputSpec:
     url = f"{SCHEME}{bucket}/{info.key}"
     _, codec = codec_of(rel)
-    if codec is not None:
-        raise UserError(
-            f"{url}: {S3_NOT_YET[codec]} input on S3 is not supported yet; elastic_shard reads plain *.jsonl "
-            "objects from S3: store it as plain JSONL, or copy it to a local or shared folder and pass that path"
-        )
     if info.size == 0:
-        raise UserError(f"{url}: empty object; add rows (one JSON object per line) or remove it")
+        raise UserError(f"{url}: empty object; add {_rows_of(codec)} or remove it")
     media_base = f"{SCHEME}{bucket}/{folder}".rstrip("/")
-    return InputSpec(rel=rel, path=url, codec=None, media_base=media_base, seen=_object_fingerprint(info))
+    return InputSpec(rel=rel, path=url, codec=codec, media_base=media_base, seen=_object_fingerprint(info))
 
 
 @dataclass(frozen=True)
@@ -339,11 +334,15 @@ class Materialised:
 
 
 def materialise(spec: InputSpec, dest: str) -> Materialised:
-    """Plain inputs are read in place; compressed ones are decompressed to ``dest`` once."""
+    """Plain inputs are read in place; compressed ones are decompressed to ``dest`` once.
+
+    An s3:// object is streamed (one run of ranged GETs, a block in memory): the decompressors never seek, and
+    ``dest`` takes the plain bytes that a local compressed file's would (node-local scratch for a job dir on S3).
+    """
     if spec.codec is None:
         return Materialised(spec.path, spec.seen.size)
     try:
-        raw = open(spec.path, "rb")
+        raw = open_input(spec.path, spec.seen.size)
     except OSError as exc:
         raise _unreadable(spec.path, exc) from exc
     with raw, open(dest, "wb") as out:

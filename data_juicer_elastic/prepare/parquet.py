@@ -16,6 +16,13 @@ is refused, naming it. The manifest's shard sources record each run's byte
 range in its file and that range's sha256 (the ranges of a file cover it
 whole, magic and footer included), taken in one read of the input, so a
 repeated prepare re-hashes a copied or restored input as it does a JSONL one.
+
+An s3:// input is read where it is: its footer, the range digests and (in
+the runner) its row groups by ranged GETs through ``prepare.source`` (the
+boto3 client every other S3 read uses, so one endpoint and credential chain;
+pyarrow's own S3 filesystem would resolve both again, its own way). Its
+descriptor records the object's URL and ETag (mtime 0), and the runner checks
+size, ETag and footer by a HEAD and the footer's range before it reads.
 """
 
 from __future__ import annotations
@@ -38,8 +45,9 @@ from data_juicer_elastic.job.layout import shard_id
 from data_juicer_elastic.job.manifest import InputFile, Manifest, ShardSource, ShardSpec
 from data_juicer_elastic.prepare.inputs import Dataset, InputSpec, changed_error, check_unchanged
 from data_juicer_elastic.prepare.request import PrepareRequest
-from data_juicer_elastic.prepare.source import read_blocks
+from data_juicer_elastic.prepare.source import open_input, read_blocks, s3_objects, split_s3_url
 from data_juicer_elastic.storage.files import atomic_write, fsync_dir
+from data_juicer_elastic.storage.urls import is_s3
 
 BLOCK = 1 << 20
 FORMAT = "parquet"
@@ -58,18 +66,14 @@ class FileLayout:
 
 
 def footer_sha256(path: str, size: int | None = None) -> str:
-    """sha256 of the file's footer (metadata, its length and the closing magic)."""
-    with open(path, "rb") as f:
-        if size is None:
-            size = os.fstat(f.fileno()).st_size
-        if size < 12:
-            return hashlib.sha256(f.read()).hexdigest()
-        f.seek(size - 8)
-        tail = f.read(8)
-        (length,) = struct.unpack("<I", tail[:4])
+    """sha256 of the file's footer (metadata, its length and the closing magic); ``size`` None: a local file's."""
+    if size is None:
+        size = os.stat(path).st_size
+    start = 0
+    if size >= 12:
+        (length,) = struct.unpack("<I", b"".join(read_blocks(path, size - 8, size - 4, BLOCK)).ljust(4, b"\0"))
         start = max(0, size - 8 - length)
-        f.seek(start)
-        return hashlib.sha256(f.read(size - start)).hexdigest()
+    return hashlib.sha256(b"".join(read_blocks(path, start, size, BLOCK))).hexdigest()
 
 
 def read_layout(spec: InputSpec) -> FileLayout:
@@ -77,7 +81,7 @@ def read_layout(spec: InputSpec) -> FileLayout:
     import pyarrow.parquet as pq
 
     try:
-        md = pq.read_metadata(spec.path)
+        md = pq.read_metadata(_source(spec.path, spec.seen.size))
         schema = md.schema.to_arrow_schema()
     except (pa.ArrowException, OSError) as exc:
         raise UserError(f"{spec.path}: not a readable Parquet file ({exc}); rewrite it or remove it") from exc
@@ -101,7 +105,13 @@ def read_layout(spec: InputSpec) -> FileLayout:
         )
     if sum(rows) == 0:
         raise UserError(f"{spec.path}: holds no rows; add rows or remove it")
-    return FileLayout(tuple(rows), tuple(weights), tuple(starts), spec.seen.size, footer_sha256(spec.path), schema)
+    footer = footer_sha256(spec.path, spec.seen.size)
+    return FileLayout(tuple(rows), tuple(weights), tuple(starts), spec.seen.size, footer, schema)
+
+
+def _source(path: str, size: int) -> Any:
+    """What pyarrow reads: a local path as it is (pyarrow's own file), an s3:// object through ranged GETs."""
+    return open_input(path, size) if is_s3(path) else path
 
 
 # --------------------------------------------------------------------------- schema
@@ -234,7 +244,7 @@ def build(req: PrepareRequest, dataset: Dataset, staging: Path, recipe_sha: str)
         digests_done = [[f.result() for f in fs] for fs in digests]
     for spec, layout in zip(specs, layouts, strict=True):
         check_unchanged(spec)
-        if footer_sha256(spec.path) != layout.footer_sha256:
+        if footer_sha256(spec.path, spec.seen.size) != layout.footer_sha256:
             raise changed_error(spec)
     if any(d == "" for ds in digests_done for d in ds):  # pragma: no cover  (check_unchanged saw the size move)
         raise UserError(f"{dataset.root}: an input got shorter while prepare read it; prepare again")
@@ -250,17 +260,16 @@ def build(req: PrepareRequest, dataset: Dataset, staging: Path, recipe_sha: str)
             spec, layout = specs[run.file], layouts[run.file]
             run_rows = sum(layout.rows[run.start : run.end])
             sources.append(ShardSource(spec.rel, a, b, file_rows[run.file] + 1, sha))
-            described.append(
-                {
-                    "file": spec.rel,
-                    "path": spec.path,
-                    "row_groups": [run.start, run.end],
-                    "rows": run_rows,
-                    "size": spec.seen.size,
-                    "mtime_ns": spec.seen.mtime_ns,
-                    "footer_sha256": layout.footer_sha256,
-                }
-            )
+            source = {
+                "file": spec.rel,
+                "path": spec.path,
+                "row_groups": [run.start, run.end],
+                "rows": run_rows,
+                "size": spec.seen.size,
+                "mtime_ns": spec.seen.mtime_ns,
+                "footer_sha256": layout.footer_sha256,
+            }
+            described.append(source if spec.seen.etag is None else {**source, "etag": spec.seen.etag})
             file_rows[run.file] += run_rows
             rows += run_rows
         data = orjson.dumps({"format": FORMAT, "sources": described}, option=orjson.OPT_SORT_KEYS) + b"\n"
@@ -273,7 +282,8 @@ def build(req: PrepareRequest, dataset: Dataset, staging: Path, recipe_sha: str)
         row += rows
     fsync_dir(shards_dir)
     files = tuple(
-        InputFile(s.rel, s.seen.size, s.seen.mtime_ns, rows) for s, rows in zip(specs, file_rows, strict=True)
+        InputFile(s.rel, s.seen.size, s.seen.mtime_ns, rows, s.seen.etag)
+        for s, rows in zip(specs, file_rows, strict=True)
     )
     manifest = req.manifest(
         dataset.root, dataset.kind, recipe_sha, files, shards, columns=None, parquet=schema_record(schema)
@@ -295,24 +305,42 @@ def read_descriptor(path: str, schema: Any) -> list[Any]:
     tables = []
     for src in desc["sources"]:
         p = src["path"]
-        try:
-            st = os.stat(p)
-            footer = footer_sha256(p, st.st_size)
-        except OSError as exc:
+        now, stamp = _now(p, src)
+        footer = now["footer_sha256"]
+        if (now["size"], now[stamp], footer) != (src["size"], src[stamp], src["footer_sha256"]):
             raise PermanentError(
-                f"{p}: the Parquet input of this shard cannot be read ({exc.strerror}); restore it, "
-                "or prepare the job again in a new job dir"
-            ) from exc
-        if (st.st_size, st.st_mtime_ns, footer) != (src["size"], src["mtime_ns"], src["footer_sha256"]):
-            raise PermanentError(
-                f"{p}: changed since prepare (size {src['size']} -> {st.st_size}, mtime_ns {src['mtime_ns']} -> "
-                f"{st.st_mtime_ns}, footer {'same' if footer == src['footer_sha256'] else 'differs'}); its shards "
+                f"{p}: changed since prepare (size {src['size']} -> {now['size']}, {stamp} {src[stamp]} -> "
+                f"{now[stamp]}, footer {'same' if footer == src['footer_sha256'] else 'differs'}); its shards "
                 "read it in place: restore it, or prepare the job again in a new job dir"
             )
         a, b = src["row_groups"]
-        with pq.ParquetFile(p) as pf:
+        with pq.ParquetFile(_source(p, now["size"])) as pf:
             table = pf.read_row_groups(list(range(a, b)))
         if table.num_rows != src["rows"]:
             raise PermanentError(f"{p}: row groups {a}..{b - 1} hold {table.num_rows} rows, prepare saw {src['rows']}")
         tables.append(conform(table.replace_schema_metadata(None), schema))
     return tables
+
+
+def _now(path: str, src: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The source's size, change stamp (a file's mtime_ns, an object's ETag) and footer digest now, and the
+    stamp's name; PermanentError when it cannot be read."""
+    from data_juicer_elastic.errors import PermanentError
+
+    if "etag" in src:
+        bucket, key = split_s3_url(path)
+        info = s3_objects().head(bucket, key)
+        if info is not None:
+            return {"size": info.size, "etag": info.etag, "footer_sha256": footer_sha256(path, info.size)}, "etag"
+        why = "it does not exist any more"
+    else:
+        try:
+            st = os.stat(path)
+            now = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "footer_sha256": footer_sha256(path, st.st_size)}
+            return now, "mtime_ns"
+        except OSError as exc:
+            why = str(exc.strerror)
+    raise PermanentError(
+        f"{path}: the Parquet input of this shard cannot be read ({why}); restore it, "
+        "or prepare the job again in a new job dir"
+    )
