@@ -22,7 +22,9 @@ what folder export exists to avoid.
 Where a link is impossible (the folder on another file system, a file
 system without hard links, a job dir on S3) the part is copied instead, read
 through the job's store (``parquet_out.open_checked``) and checked against
-its record as the merge checks it. A killed export leaves parts and no
+its record as the merge checks it. From a job dir on S3 to an s3:// prefix
+no byte passes through here: the store copies each part (``s3_export.copy_folder``).
+A killed export leaves parts and no
 ``_SUCCESS``: an export into that folder resumes, keeping each part that is
 already the shard's output. A complete folder that holds exactly these
 outputs is left as it is (nothing rewritten).
@@ -83,7 +85,7 @@ def part_name(shard: str, fmt: str = "jsonl") -> str:
 
 @dataclass
 class FolderExport:
-    folder: Path
+    folder: Path | str  # an s3:// prefix's URL when exported there
     rows: int
     bytes: int
     linked: int  # parts published by a link now
@@ -101,7 +103,7 @@ def export_folder(
 ) -> FolderExport:
     """Publish ``records`` into ``folder`` as part files, then ``_SUCCESS``; the outputs are ``job``'s
     (``parquet_out.attempt_file``): linked where its store is a POSIX folder, else copied through it."""
-    manifest = _manifest(records)
+    manifest = manifest_of(records)
     if _prepare_folder(folder, manifest, overwrite):
         return _result(folder, records, kept=len(records))
     remove_dead_temps_in(folder)  # what exports killed on this host left (and stale ones of any host)
@@ -133,7 +135,8 @@ def shard_entry(r: DoneRecord) -> dict:
     return {k: getattr(r, k) for k in ("shard", "attempt", "host", "rows", "bytes", "sha256")}
 
 
-def _manifest(records: list[Done]) -> dict:
+def manifest_of(records: list[Done]) -> dict:
+    """``_SUCCESS`` of a folder export of ``records`` (its bytes: ``dumps_json``), wherever the folder is."""
     parts = [{"file": part_name(r.shard), **shard_entry(r)} for r, _ in records]
     return {
         "format": FORMAT,
@@ -207,15 +210,20 @@ def _in_place(record: DoneRecord, path: Path, target: Path) -> bool:
         raise IntegrityError(
             f"shard {record.shard}: {path} cannot be read ({exc.strerror}); restore it or rerun the shard"
         ) from exc
-    if st.st_size != record.bytes:
-        raise IntegrityError(
-            f"shard {record.shard}: {path} is {st.st_size} bytes, its done record says {record.bytes}; "
-            "it changed after the worker verified it: restore it, or archive the record and rerun the shard"
-        )
+    check_output_size(record, path, st.st_size)
     try:
         return os.path.samefile(path, target)
     except OSError:
         return False
+
+
+def check_output_size(record: DoneRecord, path: Path, size: int) -> None:
+    """An output whose size (a stat, a HEAD) is not its done record's changed after the worker verified it."""
+    if size != record.bytes:
+        raise IntegrityError(
+            f"shard {record.shard}: {path} is {size} bytes, its done record says {record.bytes}; "
+            "it changed after the worker verified it: restore it, or archive the record and rerun the shard"
+        )
 
 
 def _linked(path: Path, tmp: Path) -> bool:

@@ -251,18 +251,17 @@ def _merge_to_s3(
 
 def _export(job: JobDir, output: str, overwrite: bool, log: Callable[[str], Any], fmt: str) -> MergeResult:
     """The folder export: part files linked from the attempt outputs, ``_SUCCESS`` last, then merge.json.
-    To an s3:// prefix: the same export staged in the generation folder, then uploaded (``s3_export``)."""
+    To an s3:// prefix: ``s3_export.export_to_prefix`` (staged and uploaded, or copied by the store)."""
     started, started_at = time.monotonic(), time.time()
     remote = s3_export.is_s3(output)
     folder = s3_export.location(output)
     records = _all_done(job)
     try:
         exporter = export_parquet_folder if fmt == PARQUET else export_folder
-        staged = s3_export.staging_folder(job.gen_dir) if remote else Path(folder)
-        done = exporter(records, staged, overwrite=overwrite or remote, log=log, job=job)
-        stamp = s3_export.upload_folder(staged, folder, overwrite, log).stamp if remote else None
         if remote:
-            s3_export.drop_staging(staged)
+            done, stamp = s3_export.export_to_prefix(job, records, exporter, folder, overwrite, log)
+        else:
+            done, stamp = exporter(records, Path(folder), overwrite=overwrite, log=log, job=job), None
         seconds = time.monotonic() - started
         _record(
             job, folder, records, done.rows, done.bytes, None, started_at, seconds, kind="folder", fmt=fmt, stamp=stamp

@@ -9,7 +9,10 @@ merge refuses an existing file). A Parquet file is written locally first
 folder export (``folder_export``: links, Parquet schemas unified) is staged
 in the generation folder, then each part is put at ``<prefix>/<part>`` and
 ``_SUCCESS`` last, created once; a killed export resumes, keeping each part
-whose size and sha256 metadata already match. The endpoint and credentials
+whose size and sha256 metadata already match. From a job dir on S3
+nothing is staged and no output byte comes through this process: each part
+is a server-side ``CopyObject`` of its attempt output (``UploadPartCopy``
+ranges above 5 GiB) under the same rules. The endpoint and credentials
 are boto3's own chain (``AWS_ENDPOINT_URL``, ``AWS_PROFILE``, roles);
 ``merge.json`` records the URL, size and ETag and nothing of them.
 ``verify_export`` (``dj-elastic verify``) checks an export here against
@@ -19,22 +22,43 @@ reading by streamed ranged GETs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from data_juicer_elastic.errors import UserError
-from data_juicer_elastic.folder_export import PART_RE, SUCCESS, check_recorded_file, check_recorded_folder
+from data_juicer_elastic.errors import IntegrityError, UserError
+from data_juicer_elastic.folder_export import (
+    PART_RE,
+    SUCCESS,
+    Done,
+    FolderExport,
+    check_output_size,
+    check_recorded_file,
+    check_recorded_folder,
+    export_folder,
+    manifest_of,
+    part_name,
+)
+from data_juicer_elastic.job.records.done import DoneRecord
 from data_juicer_elastic.storage.blocks import BLOCK, FileDigest, blocks, digest_blocks
-from data_juicer_elastic.storage.keys import normalise_prefix
+from data_juicer_elastic.storage.files import dumps_json
+from data_juicer_elastic.storage.keys import Entry, normalise_prefix
+from data_juicer_elastic.storage.s3_replies import _code
 from data_juicer_elastic.storage.urls import SCHEME, is_s3, split_s3
 
+if TYPE_CHECKING:
+    from data_juicer_elastic.job.layout import JobDir
+
 STAGING = "s3-export"  # the local folder export staged in the generation folder (links), removed after upload
+PutPart = Callable[[Any, dict, Entry | None], bool]  # ``_publish``'s way to put one part
+COPY_LIMIT = 5 << 30  # S3's largest CopyObject; a larger part is copied as UploadPartCopy ranges (multipart)
 
 
 def location(output: str) -> str:
@@ -143,12 +167,75 @@ def staging_folder(gen_dir: Path) -> Path:
     return gen_dir / STAGING
 
 
+def export_to_prefix(
+    job: JobDir, records: list[Done], exporter: Callable[..., FolderExport], url: str, overwrite: bool, log: Callable
+) -> tuple[FolderExport, Stamp]:
+    """A folder export to the prefix ``url``. From a job dir on S3 each part is copied there server-side
+    (``copy_folder``); from a POSIX one ``exporter`` stages the local folder export (links, Parquet schemas
+    unified) in the generation folder, which is uploaded (``upload_folder``) and removed."""
+    if job.on_object_store:
+        if exporter is not export_folder:
+            raise UserError(
+                f"{url}/: a Parquet folder export from a job dir on S3 to S3 is not supported yet; export it as "
+                "one .parquet object, or to a local folder"
+            )
+        return copy_folder(job, records, url, overwrite, log)
+    staged = staging_folder(job.gen_dir)
+    done = exporter(records, staged, overwrite=True, log=log, job=job)
+    stamp = upload_folder(staged, url, overwrite, log).stamp
+    drop_staging(staged)
+    return done, stamp
+
+
 def upload_folder(staged: Path, url: str, overwrite: bool, log: Callable[[str], Any]) -> FolderUpload:
     """Put a staged local folder export at the prefix ``url``: its parts, then ``_SUCCESS`` created once."""
-    from data_juicer_elastic.storage.s3_upload import sha256_of, upload_file
+    from data_juicer_elastic.storage.s3_upload import upload_file
 
+    def put(store: Any, part: dict, seen: Entry | None) -> bool:
+        upload_file(store, part["file"], staged / part["file"], part["sha256"])
+        return True
+
+    return _publish(url, (staged / SUCCESS).read_bytes(), put, overwrite, log, "uploaded to")
+
+
+def copy_folder(
+    job: JobDir, records: list[Done], url: str, overwrite: bool, log: Callable[[str], Any]
+) -> tuple[FolderExport, Stamp]:
+    """The folder export of ``records`` (outputs in ``job``'s S3 store) at the prefix ``url``, each part
+    copied by the store (``CopyObject``; ``UploadPartCopy`` ranges above ``COPY_LIMIT``): no output byte passes
+    through this process. Each output's size is checked by a HEAD (its content was hashed by the worker;
+    ``dj-elastic verify`` re-hashes the parts), and the copy takes exactly the object seen
+    (``x-amz-copy-source-if-match``)."""
     store, _ = store_of(url, folder=True)
-    manifest_bytes = (staged / SUCCESS).read_bytes()
+    if store.endpoint != job.store.endpoint:
+        raise UserError(
+            f"{url}/: the job dir is at {job.store.endpoint}, the export at {store.endpoint}; a server-side copy "
+            "needs one endpoint: export to a local folder, or to a prefix on the job dir's endpoint"
+        )
+    outputs = {part_name(r.shard): (r, path) for r, path in records}
+
+    def put(store: Any, part: dict, seen: Entry | None) -> bool:
+        return _copy_part(store, job, *outputs[part["file"]], part, seen)
+
+    done = _publish(url, dumps_json(manifest_of(records)), put, overwrite, log, "copied to")
+    return FolderExport(location(url), done.rows, done.bytes, 0, done.uploaded, done.kept), done.stamp
+
+
+def _publish(
+    url: str,
+    manifest_bytes: bytes,
+    put: Callable[[Any, dict, Entry | None], bool],
+    overwrite: bool,
+    log: Callable,
+    did: str,
+) -> FolderUpload:
+    """The parts ``manifest_bytes`` (a ``_SUCCESS``) lists put at the prefix ``url`` by ``put`` (given the
+    store, the part and the key as listed there, None when missing; False: the part was found in place
+    after all), then ``_SUCCESS`` created once. A complete export of exactly these parts is left as it is;
+    one of other parts is refused without ``overwrite``, else its ``_SUCCESS`` is deleted first; keys that
+    are no part files are refused; a part already there with its size and sha256 (metadata) is kept, so a
+    killed export resumes; parts of another export are deleted."""
+    store, _ = store_of(url, folder=True)
     manifest = orjson.loads(manifest_bytes)
     found = store.read(SUCCESS)
     if found is not None and found[0] == manifest_bytes and _parts_there(store, manifest):
@@ -158,8 +245,8 @@ def upload_folder(staged: Path, url: str, overwrite: bool, log: Callable[[str], 
             f"{url}/: holds a complete export of other outputs; pass --overwrite (or overwrite_output) to "
             "replace it, or choose another prefix"
         )
-    keys = [e.key for e in store.list("")]
-    foreign = sorted(k for k in keys if k != SUCCESS and not PART_RE.match(k))
+    listed = {e.key: e for e in store.list("")}
+    foreign = sorted(k for k in listed if k != SUCCESS and not PART_RE.match(k))
     if foreign:
         raise UserError(
             f"{url}/: holds keys that are not part files of an export ({', '.join(foreign[:3])}); "
@@ -167,29 +254,97 @@ def upload_folder(staged: Path, url: str, overwrite: bool, log: Callable[[str], 
         )
     if found is not None:
         store.delete(SUCCESS)  # from here on the prefix reads as incomplete until the new manifest is there
-    uploaded = kept = 0
+    written = kept = 0
     for part in manifest["parts"]:
-        name = part["file"]
-        if sha256_of(store, name) == (part["bytes"], part["sha256"]):
+        seen = listed.get(part["file"])
+        if (seen is not None and _part_there(store, part)) or not put(store, part, seen):
             kept += 1  # put there by an earlier (killed) export
             continue
-        upload_file(store, name, staged / name, part["sha256"])
-        uploaded += 1
+        written += 1
     wanted = {p["file"] for p in manifest["parts"]}
-    for key in keys:
+    for key in listed:
         if PART_RE.match(key) and key not in wanted:
             store.delete(key)
     meta = store.create(SUCCESS, manifest_bytes)
     if meta is None:
         raise UserError(f"{url}/: another export wrote {SUCCESS} during this one; nothing was replaced")
-    log(f"{uploaded} part(s) uploaded to {url}/, {kept} already there")
-    return _folder_result(manifest, uploaded, kept, Stamp(meta.size, meta.ver))
+    log(f"{written} part(s) {did} {url}/, {kept} already there")
+    return _folder_result(manifest, written, kept, Stamp(meta.size, meta.ver))
+
+
+def _copy_part(store: Any, job: JobDir, record: DoneRecord, path: Path, part: dict, seen: Entry | None) -> bool:
+    """Copy the shard's output to ``part`` by the store: ``If-None-Match: *`` where the part was missing,
+    ``If-Match`` the ETag listed where another part was there (a store that ignores them, moto, replaces
+    whatever is there: the listing and HEAD before stand as the guard). A refused copy is fine when the part
+    is now in place (another export, or our own request resent); else it is refused."""
+    from data_juicer_elastic.storage.s3_upload import SHA_META
+
+    source = job.store.head_response(job.key(path))
+    if source is None:
+        raise IntegrityError(
+            f"shard {record.shard}: {path} cannot be read (it is missing); restore it or rerun the shard"
+        )
+    size = int(source["ContentLength"])
+    check_output_size(record, path, size)
+    copy = {"Bucket": store.bucket, "Key": store._full(part["file"]), "MetadataDirective": "REPLACE"}
+    copy |= {"Metadata": {SHA_META: part["sha256"]}, **({"IfMatch": seen.ver} if seen else {"IfNoneMatch": "*"})}
+    copy |= {"CopySource": {"Bucket": job.store.bucket, "Key": job.store._full(job.key(path))}}
+    copy |= {"CopySourceIfMatch": str(source["ETag"])}
+    try:
+        if size > COPY_LIMIT:
+            _copy_ranges(store, part["file"], copy, size)
+        else:
+            store.client.copy_object(**copy)
+    except store._client_error as exc:
+        if _code(exc) not in ("PreconditionFailed", "NoSuchUpload", "NoSuchKey"):
+            raise
+        if _part_there(store, part):
+            return False
+        raise UserError(
+            f"{location(store.url)}/{part['file']}: another writer changed it during this export, or its source "
+            f"{path} changed ({_code(exc)}); nothing else was replaced: export again"
+        ) from exc
+    return True
+
+
+def _copy_ranges(store: Any, name: str, copy: dict[str, Any], size: int) -> None:
+    """``copy`` (CopyObject's arguments) of an object over ``COPY_LIMIT`` as a multipart upload of
+    ``UploadPartCopy`` ranges, completed under the copy's condition; aborted on any error (a killed one is
+    aborted by the next export to the key once stale)."""
+    from data_juicer_elastic.storage.s3_upload import IN_FLIGHT, abort_stale_uploads, part_size_for
+
+    client = store.client
+    abort_stale_uploads(store, name)
+    where = {"Bucket": copy["Bucket"], "Key": copy["Key"]}
+    upload = {**where, "UploadId": client.create_multipart_upload(**where, Metadata=copy["Metadata"])["UploadId"]}
+    step = part_size_for(size)
+    source = {"CopySource": copy["CopySource"], "CopySourceIfMatch": copy["CopySourceIfMatch"]}
+
+    def one(n: int) -> dict[str, Any]:
+        span = f"bytes={n * step}-{min(size, (n + 1) * step) - 1}"
+        resp = client.upload_part_copy(**upload, **source, PartNumber=n + 1, CopySourceRange=span)
+        return {"PartNumber": n + 1, "ETag": resp["CopyPartResult"]["ETag"]}
+
+    try:
+        with ThreadPoolExecutor(IN_FLIGHT, thread_name_prefix="dje-s3-copy") as pool:
+            parts = list(pool.map(one, range(-(-size // step))))
+        condition = {k: copy[k] for k in ("IfMatch", "IfNoneMatch") if k in copy}
+        client.complete_multipart_upload(**upload, MultipartUpload={"Parts": parts}, **condition)
+    except BaseException:
+        with contextlib.suppress(*store.errors):
+            client.abort_multipart_upload(**upload)
+        raise
+
+
+def _part_there(store: Any, part: dict) -> bool:
+    """Is ``part`` at its key with its size and sha256 (metadata): one HEAD."""
+    from data_juicer_elastic.storage.s3_upload import sha256_of
+
+    return sha256_of(store, part["file"]) == (part["bytes"], part["sha256"])
 
 
 def _parts_there(store: Any, manifest: dict) -> bool:
-    from data_juicer_elastic.storage.s3_upload import sha256_of
-
-    return all(sha256_of(store, p["file"]) == (p["bytes"], p["sha256"]) for p in manifest["parts"])
+    return all(_part_there(store, p) for p in manifest["parts"])
 
 
 def _folder_result(manifest: dict, uploaded: int, kept: int, stamp: Stamp) -> FolderUpload:
