@@ -105,14 +105,15 @@ def load_manifest(job: JobDir, notes: list[str]) -> Manifest | None:
         return None
 
 
-def collect(job_dir: str | os.PathLike, now: float | None = None) -> JobReport:
+def collect(job_dir: JobDir | str | os.PathLike, now: float | None = None) -> JobReport:
     """Everything the report shows; never raises on a damaged job dir (notes say what was skipped).
 
     A shard done by its first and only attempt is read from its done record and
     ops.json alone (two reads); only the others have their attempt folders listed
-    and each attempt.json read, so a 100,000-shard job costs about 200,000 small reads.
+    and each attempt.json read, so a 100,000-shard job costs about 200,000 small reads. Every read goes
+    through the job's store, so a job dir on an object store is read as one on disk.
     """
-    job = JobDir(job_dir)
+    job = job_dir if isinstance(job_dir, JobDir) else JobDir(job_dir)
     now = time.time() if now is None else now
     notes: list[str] = []
     manifest = load_manifest(job, notes)
