@@ -147,7 +147,7 @@ def _report_args(p: ArgumentParser) -> None:
     p.add_argument(
         "--output",
         default=None,
-        help="where to write it; null: report.html in the generation's folder "
+        help="where to write it (a path, or an s3:// key); null: report.html in the generation's folder "
         "(<job-dir>/generations/<generation>/, where each run's finalize writes it)",
     )
 
