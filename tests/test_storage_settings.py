@@ -41,9 +41,11 @@ OURS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_RE
 
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    """No S3 setting in the environment; whatever a test applies is undone after it."""
+    """No S3 setting in the environment; whatever a test applies is undone after it (``delenv`` alone records
+    nothing for a variable that was not set, so a ``setenv`` first makes the undo delete what ``apply`` wrote)."""
     for name in (*OURS, "DJ_ELASTIC_S3_ADDRESSING_STYLE"):
-        monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     return monkeypatch
 
 
