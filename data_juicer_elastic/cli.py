@@ -32,6 +32,7 @@ from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.status import describe_error_rows, error_rows_by_shard, first_line
 from data_juicer_elastic.storage.mounts import job_dir_location, job_dir_problem
 from data_juicer_elastic.storage.probe import probe_once
+from data_juicer_elastic.storage.settings import StorageSettings, endpoint_problem
 from data_juicer_elastic.storage.store import store_for
 from data_juicer_elastic.worker.signals import Interrupted
 from data_juicer_elastic.worker.speculation import Speculation
@@ -40,6 +41,12 @@ from data_juicer_elastic.worker.speculation import Speculation
 def _job_dir_arg(p: ArgumentParser) -> None:
     p.add_argument("--job-dir", required=True, help="the shared job directory")
     p.add_argument("--generation", default=None, help="the recipe generation to act on; null: the latest submission's")
+    p.add_argument(
+        "--endpoint-url",
+        default=None,
+        help="S3 endpoint of an s3:// job dir (MinIO, OSS, ...); null: AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL. "
+        "Region, addressing style and dialect: AWS_REGION, DJ_ELASTIC_S3_ADDRESSING_STYLE, DJ_ELASTIC_S3_DIALECT",
+    )
 
 
 def _job_root(a: Namespace) -> str:
@@ -49,6 +56,10 @@ def _job_root(a: Namespace) -> str:
     problem = job_dir_problem(a.job_dir, "--job-dir")
     if problem:
         raise UserError(problem)
+    if a.endpoint_url is not None:
+        if problem := endpoint_problem(a.endpoint_url):
+            raise UserError(f"--endpoint-url: {problem}")
+        StorageSettings(endpoint_url=a.endpoint_url).apply()  # this process's stores and those it starts
     root = job_dir_location(a.job_dir)
     probe_once(store_for(root), lambda line: print(line, file=sys.stderr))
     return root

@@ -19,6 +19,7 @@ from data_juicer_elastic.job.claims import ClaimStore
 from data_juicer_elastic.storage.posix import PosixStore
 from data_juicer_elastic.storage.refresher import LeaseRefresher
 from data_juicer_elastic.storage.s3 import S3Store
+from data_juicer_elastic.storage.settings import StorageSettings
 from data_juicer_elastic.storage.store import Store, Ver, store_for
 from data_juicer_elastic.worker.loop import run_worker
 
@@ -146,7 +147,7 @@ def test_an_s3_endpoint_that_stops_answering_is_a_transient_error(moto_env, monk
     with socket.socket() as sock:  # a port nobody listens on: connections are refused at once
         sock.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    unreachable = S3Store(store.bucket, store.prefix, endpoint_url=dead)  # type: ignore[attr-defined]
+    unreachable = S3Store(store.bucket, store.prefix, StorageSettings(endpoint_url=dead))  # type: ignore[attr-defined]
     unreachable.client.meta.events.register("needs-retry.s3", lambda **kwargs: None)  # fail fast: no backoff
     logged: list[str] = []
     with LeaseRefresher(unreachable, KEY, meta.ver, TICK, log=logged.append) as lease:

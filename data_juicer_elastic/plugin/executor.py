@@ -137,7 +137,10 @@ def make_runner(job_dir: str) -> Any:
 
 
 def job_spec(cfg: Any, recipe_text: str) -> JobSpec:
+    """What this process is asked to do; the recipe's ``elastic_shard.storage`` becomes the process's S3
+    settings first (the environment, which prepare's children and a local Ray inherit)."""
     settings = settings_from_cfg(cfg)
+    settings.storage.apply()
     job_dir = job_dir_location(settings.job_dir)
     return JobSpec(
         job_dir=job_dir,

@@ -7,13 +7,14 @@ YAML and on the command line (``--elastic_shard.num_shards 8``) and
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal, Optional, Union
 
 from jsonargparse.typing import ClosedUnitInterval, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
 from data_juicer_elastic.coordination.spec import JobSpec
 from data_juicer_elastic.job.manifest import Policy
+from data_juicer_elastic.storage.settings import ADDRESSING_STYLES, DIALECTS, StorageSettings
 from data_juicer_elastic.worker.speculation import Speculation
 
 NAME = "elastic_shard"
@@ -51,6 +52,7 @@ class ElasticShardSettings:
 
     console: str = "story"
     progress_interval_secs: float | None = 30.0
+    storage: StorageSettings = field(default_factory=StorageSettings)
 
 
 # key -> (jsonargparse type, help); defaults come from the dataclass
@@ -123,6 +125,29 @@ _ARGS: dict[str, tuple[Any, str]] = {
 }
 
 
+STORAGE = "storage"  # the sub-block of the S3 settings: elastic_shard.storage.<key>
+_STORAGE_ARGS: dict[str, tuple[Any, str]] = {
+    "endpoint_url": (
+        Optional[str],
+        "S3 endpoint of every s3:// path of the job (job_dir, dataset_path, export_path), e.g. "
+        "https://oss-cn-hangzhou.aliyuncs.com or http://minio.lan:9000; null: AWS_ENDPOINT_URL_S3 / "
+        "AWS_ENDPOINT_URL, else AWS. Credentials never go here: boto3 finds them (AWS_PROFILE, AWS_ACCESS_KEY_ID, "
+        "roles).",
+    ),
+    "region": (Optional[str], "S3 region; null: AWS_REGION / AWS_DEFAULT_REGION or the profile's."),
+    "addressing_style": (
+        Optional[Literal[ADDRESSING_STYLES]],  # type: ignore[valid-type]
+        "virtual (bucket.host; Alibaba OSS takes only this), path (host/bucket) or auto; null: boto3's choice.",
+    ),
+    "dialect": (
+        Optional[Literal[DIALECTS]],  # type: ignore[valid-type]
+        "How create-once is spelt: s3 (If-None-Match / If-Match: AWS, MinIO, Ceph) or oss (Alibaba OSS: "
+        "x-oss-forbid-overwrite; OSS has no compare-and-swap, so it serves dataset_path and export_path, "
+        "not a job dir); null: DJ_ELASTIC_S3_DIALECT, else s3.",
+    ),
+}
+
+
 def setting_help(name: str) -> str:
     """The help text of the ``elastic_shard.<name>`` key."""
     return _ARGS[name][1]
@@ -145,6 +170,11 @@ def add_arguments(parser: Any) -> None:
         return
     defaults = ElasticShardSettings()
     for f in fields(ElasticShardSettings):
+        if f.name == STORAGE:
+            for sub in fields(StorageSettings):
+                typ, help_text = _STORAGE_ARGS[sub.name]
+                parser.add_argument(f"--{KEY}.{STORAGE}.{sub.name}", type=typ, default=None, help=help_text)
+            continue
         typ, help_text = _ARGS[f.name]
         parser.add_argument(f"--{KEY}.{f.name}", type=typ, default=getattr(defaults, f.name), help=help_text)
 
@@ -154,6 +184,14 @@ def settings_from_cfg(cfg: Any) -> ElasticShardSettings:
     block = cfg.get(KEY) if hasattr(cfg, "get") else getattr(cfg, KEY, None)
     if block is None:
         return ElasticShardSettings()
-    values = vars(block) if not isinstance(block, dict) else block
+    values = _plain(block)
     known = {f.name for f in fields(ElasticShardSettings)}
-    return ElasticShardSettings(**{k: v for k, v in values.items() if k in known})
+    storage = StorageSettings(**{k: v for k, v in _plain(values.get(STORAGE)).items() if v is not None})
+    return ElasticShardSettings(**{k: v for k, v in values.items() if k in known and k != STORAGE}, storage=storage)
+
+
+def _plain(block: Any) -> dict[str, Any]:
+    """A (sub-)block as a dict: a jsonargparse Namespace, a dict, or nothing."""
+    if block is None:
+        return {}
+    return dict(block) if isinstance(block, dict) else dict(vars(block))

@@ -147,6 +147,7 @@ def path_problems(cfg: Any) -> list[str]:
     """What is wrong with the job dir, the input, the output and the lease timings."""
     settings = settings_from_cfg(cfg)
     problems = [*_job_dir_problems(settings.job_dir), *_dataset_problems(cfg), *_export_problems(cfg)]
+    problems += settings.storage.problems(f"{KEY}.storage.")
     if settings.heartbeat_secs >= settings.lock_timeout_secs:
         problems.append(
             f"{KEY}.heartbeat_secs ({settings.heartbeat_secs}) must be below {KEY}.lock_timeout_secs "

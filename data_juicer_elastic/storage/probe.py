@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from data_juicer_elastic.errors import UserError
 from data_juicer_elastic.storage.host import hostname
 from data_juicer_elastic.storage.posix import PosixStore
+from data_juicer_elastic.storage.s3 import S3Store
+from data_juicer_elastic.storage.s3_replies import _code
 from data_juicer_elastic.storage.store import Meta, Store
 
 _PROBED: dict[str, Capabilities] = {}  # this process's probes, by the store's describe(): one each
@@ -47,9 +49,33 @@ class Capabilities:
 
 
 def probe_store(store: Store) -> Capabilities:
-    """The startup probe: refuse a store without create-once (StoreRefused), then what else it keeps."""
-    check_create_once(store)
-    return Capabilities(if_match=check_if_match(store))
+    """The startup probe: refuse a store whose dialect has no compare-and-swap (lease renewals would race) or
+    without create-once (StoreRefused), then what else it keeps."""
+    check_dialect(store)
+    try:
+        check_create_once(store)
+        return Capabilities(if_match=check_if_match(store))
+    except store.errors as exc:
+        if _code(exc) != "NotImplemented":
+            raise
+        raise StoreRefused(
+            f"{store.describe()}: the store answered NotImplemented to a conditional write (If-None-Match: * or "
+            "If-Match), so it cannot hold leases or done records. Alibaba OSS's S3 endpoint does that: it keeps "
+            "neither, so put the job dir on AWS S3, MinIO or a shared POSIX directory (OSS serves dataset_path and "
+            "export_path with elastic_shard.storage.dialect: oss)."
+        ) from exc
+
+
+def check_dialect(store: Store) -> None:
+    """Refuse, before any request, a store whose dialect cannot replace a key only if unchanged (``oss``): a
+    lease's renewal there would overwrite whoever took the lease over, silently."""
+    if isinstance(store, S3Store) and not store.keeps_if_match:
+        raise StoreRefused(
+            f"{store.describe()}: storage dialect {store.dialect} has no compare-and-swap on a write (Alibaba OSS "
+            "answers If-Match on PutObject with NotImplemented), so lease renewals could race and overwrite another "
+            "worker's lease: a job dir cannot be there. Put the job dir on AWS S3, MinIO or a shared POSIX "
+            "directory; dataset_path and export_path may stay on OSS."
+        )
 
 
 def probe_once(store: Store, log: Callable[[str], None]) -> Capabilities | None:

@@ -9,8 +9,11 @@ a 412; ``release`` rewrites it with ``"released": true`` and the metadata
 from one response's ``Last-Modified`` and ``Date``, both the store's. boto3 is
 imported only when a store is built (about 0.2 s, and an optional extra):
 importing this module needs nothing beyond the core's own dependencies.
-Credentials, region and endpoint follow boto3's own chain (``AWS_ENDPOINT_URL``,
-``AWS_PROFILE``, roles ...); nothing here logs them.
+Endpoint, region, addressing style and dialect are ``StorageSettings``
+(``storage/settings.py``: the recipe's ``elastic_shard.storage`` or the
+environment), and every client is built by :func:`s3_client` from them;
+credentials follow boto3's own chain (``AWS_PROFILE``, roles ...) and nothing
+here logs them.
 """
 
 from __future__ import annotations
@@ -26,14 +29,24 @@ from typing import Any, BinaryIO
 import orjson
 
 from data_juicer_elastic.errors import UserError
+from data_juicer_elastic.storage import dialects
 from data_juicer_elastic.storage.blocks import BLOCK
 from data_juicer_elastic.storage.files import dumps_json, rename_staged, stage_blocks
 from data_juicer_elastic.storage.keys import Entry, Meta, Ver, is_internal, normalise_key, normalise_prefix
-from data_juicer_elastic.storage.s3_replies import RELEASED_META, _code, _date, _meta, _missing, _released, _retried
+from data_juicer_elastic.storage.s3_replies import (
+    RELEASED_META,
+    _code,
+    _date,
+    _meta,
+    _missing,
+    _refused,
+    _released,
+    _retried,
+)
 from data_juicer_elastic.storage.s3_upload import ANY, put_file
+from data_juicer_elastic.storage.settings import StorageSettings
 
 CLOCK_KEY = ".clock"  # HEADed (never written) for the store's Date: a 404 carries one too
-DIALECTS = ("s3",)  # oss and gcs (their own create-once headers) come with the dialect hooks
 CONFLICT_TRIES = 5  # 409 ConditionalRequestConflict: a concurrent conditional write; S3 asks for a retry
 RETRIES = {"mode": "standard", "max_attempts": 5}  # botocore's own retries of a send, bounded
 BEATS_KEPT = 1024  # lease bodies remembered for renew (one per lease renewed; a release forgets its own)
@@ -75,11 +88,10 @@ class _Beat:
 class S3Store:
     """The job dir as the keys under ``s3://bucket/prefix``."""
 
-    def __init__(self, bucket: str, prefix: str = "", endpoint_url: str | None = None, dialect: str = "s3") -> None:
-        if dialect not in DIALECTS:
-            raise ValueError(f"storage dialect {dialect!r} is not supported yet; supported: {', '.join(DIALECTS)}")
-        self.bucket, self.prefix, self.dialect = bucket, normalise_prefix(prefix), dialect
-        self.client, self._client_error = _client(endpoint_url)
+    def __init__(self, bucket: str, prefix: str = "", settings: StorageSettings | None = None) -> None:
+        settings = StorageSettings.from_env() if settings is None else settings
+        self.bucket, self.prefix, self.dialect = bucket, normalise_prefix(prefix), settings.dialect_name
+        self.client, self._client_error = s3_client(settings)
         from botocore.exceptions import BotoCoreError
 
         self.errors: tuple[type[Exception], ...] = (OSError, self._client_error, BotoCoreError)
@@ -97,8 +109,14 @@ class S3Store:
     def endpoint(self) -> str:
         return str(self.client.meta.endpoint_url)
 
+    @property
+    def keeps_if_match(self) -> bool:
+        """Whether the dialect has compare-and-swap on PUT (renew, release, ``replace(if_ver)``)."""
+        return dialects.keeps_if_match(self.dialect)
+
     def describe(self) -> str:
-        return f"{self.url} (endpoint {self.endpoint})"
+        dialect = "" if self.dialect == "s3" else f", dialect {self.dialect}"
+        return f"{self.url} (endpoint {self.endpoint}{dialect})"
 
     def with_clock(self, key: str) -> S3Store:
         return self  # every response carries the store's own Date
@@ -276,7 +294,7 @@ class S3Store:
                 if _code(exc) == "ConditionalRequestConflict" and attempt + 1 < CONFLICT_TRIES:
                     time.sleep(0.05 * 2**attempt)
                     continue
-                if _code(exc) == "PreconditionFailed" or (condition.get("IfMatch") and _missing(exc)):
+                if _refused(exc) or (condition.get("IfMatch") and _missing(exc)):
                     if _retried(exc):
                         got = self._get(full)
                         if got is not None and got[0] == data:
@@ -349,8 +367,8 @@ class S3Objects:
     naming the object's URL and the endpoint (never the credentials).
     """
 
-    def __init__(self, endpoint_url: str | None = None) -> None:
-        self.client, self._client_error = _client(endpoint_url)
+    def __init__(self, settings: StorageSettings | None = None) -> None:
+        self.client, self._client_error = s3_client(StorageSettings.from_env() if settings is None else settings)
         from botocore.exceptions import BotoCoreError
 
         self._errors: tuple[type[Exception], ...] = (self._client_error, BotoCoreError)
@@ -409,12 +427,18 @@ class S3Objects:
             return UserError(f"s3://{bucket}/{key}: the bucket {bucket!r} does not exist at {self.endpoint}")
         return UserError(
             f"s3://{bucket}/{key}: cannot be read from {self.endpoint} ({why}); check the bucket, the key, "
-            "the endpoint (AWS_ENDPOINT_URL) and the credentials boto3 finds (AWS_PROFILE, AWS_ACCESS_KEY_ID, ...)"
+            "the endpoint (elastic_shard.storage.endpoint_url or AWS_ENDPOINT_URL) and the credentials boto3 finds "
+            "(AWS_PROFILE, AWS_ACCESS_KEY_ID, ...)"
         )
 
 
-def _client(endpoint_url: str | None) -> tuple[Any, type[Exception]]:
-    """One S3 client (thread-safe) and botocore's ClientError; a clear error when boto3 is not installed."""
+def s3_client(settings: StorageSettings) -> tuple[Any, type[Exception]]:
+    """The one way an S3 client is made (the job dir's store, the input, the export): thread-safe, speaking
+    ``settings``' dialect, with botocore's ClientError; a clear error when boto3 is not installed or a
+    setting is wrong (exit 2)."""
+    problems = settings.problems("S3 setting (elastic_shard.storage or the environment) ")
+    if problems:
+        raise UserError("; ".join(problems))
     try:
         import boto3
         from botocore.config import Config
@@ -423,8 +447,13 @@ def _client(endpoint_url: str | None) -> tuple[Any, type[Exception]]:
         raise UserError(
             f"an s3:// store needs boto3, which is not installed ({exc}): pip install 'data-juicer-elastic[s3]'"
         ) from exc
-    config = Config(retries=RETRIES, connect_timeout=5, read_timeout=20, max_pool_connections=32)
-    return boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config), ClientError
+    s3 = {"addressing_style": settings.addressing_style} if settings.addressing_style else None
+    config = Config(retries=RETRIES, connect_timeout=5, read_timeout=20, max_pool_connections=32, s3=s3)
+    client = boto3.session.Session().client(
+        "s3", endpoint_url=settings.endpoint_url, region_name=settings.region, config=config
+    )
+    dialects.install(client, settings.dialect_name)
+    return client, ClientError
 
 
 def _count(beat: Any) -> int:

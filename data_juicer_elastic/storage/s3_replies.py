@@ -22,6 +22,11 @@ def _missing(exc: Any) -> bool:
     return _code(exc) in ("NoSuchKey", "404", "NotFound")
 
 
+def _refused(exc: Any) -> bool:
+    """A precondition failed: S3's 412, or OSS's 409 ``FileAlreadyExists`` (``x-oss-forbid-overwrite``)."""
+    return _code(exc) in ("PreconditionFailed", "FileAlreadyExists")
+
+
 def _retried(exc: Any) -> bool:
     return int(exc.response.get("ResponseMetadata", {}).get("RetryAttempts", 0)) > 0
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from data_juicer_elastic.storage.blocks import BLOCK, blocks
 from data_juicer_elastic.storage.keys import Meta, normalise_key
-from data_juicer_elastic.storage.s3_replies import _code, _date, _meta, _retried
+from data_juicer_elastic.storage.s3_replies import _code, _date, _meta, _refused, _retried
 
 S3Store = Any  # an ``S3Store`` (storage/s3.py), not imported: its ``upload`` is ``put_file``, so s3.py imports this
 
@@ -88,7 +88,8 @@ class MultipartWrite:
         self.full = store._full(self.key)
         self.part_size = max(part_size, MIN_PART)
         self.client = store.client
-        resp = self.client.create_multipart_upload(Bucket=store.bucket, Key=self.full, Metadata=metadata or {})
+        once = {"IfNoneMatch": "*"} if expect is None else {}  # the dialect's hook: OSS sends it, S3 drops it
+        resp = self.client.create_multipart_upload(Bucket=store.bucket, Key=self.full, Metadata=metadata or {}, **once)
         self.upload_id: str | None = str(resp["UploadId"])
         self.buf = bytearray()
         self.sent: list[tuple[int, Future, str]] = []  # part number, its reply, the md5 of its bytes
@@ -134,7 +135,7 @@ class MultipartWrite:
                 **_condition(self.expect),
             )
         except self.store._client_error as exc:
-            if _code(exc) not in ("PreconditionFailed", "NoSuchUpload"):
+            if not _refused(exc) and _code(exc) != "NoSuchUpload":
                 raise
             ours = self._ours_after_resend() if _retried(exc) else None
             if ours is None:

@@ -16,6 +16,7 @@ from typing import BinaryIO, Protocol, runtime_checkable
 from urllib.parse import unquote, urlsplit
 
 from data_juicer_elastic.storage.keys import Entry, Meta, Ver, is_internal, normalise_key, normalise_prefix
+from data_juicer_elastic.storage.settings import StorageSettings
 from data_juicer_elastic.storage.urls import split_s3
 
 __all__ = ["Entry", "Meta", "Store", "Ver", "is_internal", "normalise_key", "normalise_prefix", "store_for"]
@@ -162,11 +163,11 @@ class Store(Protocol):
         ...
 
 
-def store_for(url: str, *, endpoint_url: str | None = None, dialect: str = "s3") -> Store:
+def store_for(url: str, settings: StorageSettings | None = None) -> Store:
     """The store a job-dir URL names: a path or ``file://`` -> PosixStore; ``s3://bucket/prefix`` -> S3Store.
 
-    ``endpoint_url`` (else boto3's own chain: ``AWS_ENDPOINT_URL`` ...) and
-    ``dialect`` apply to s3:// only.
+    ``settings`` (else the process's: ``StorageSettings.from_env``, which the recipe's
+    ``elastic_shard.storage`` block was applied to) apply to s3:// only.
     """
     if "://" not in url:
         from data_juicer_elastic.storage.posix import PosixStore
@@ -184,5 +185,5 @@ def store_for(url: str, *, endpoint_url: str | None = None, dialect: str = "s3")
         from data_juicer_elastic.storage.s3 import S3Store
 
         bucket, key = split_s3(url)
-        return S3Store(bucket, normalise_prefix(unquote(key).lstrip("/")), endpoint_url, dialect)
+        return S3Store(bucket, normalise_prefix(unquote(key).lstrip("/")), settings)
     raise ValueError(f"{url}: unknown storage scheme {scheme!r}; use a path, file:// or s3:// (any S3 endpoint)")
