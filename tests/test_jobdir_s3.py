@@ -98,3 +98,22 @@ def test_a_worker_then_merge_verify_and_status_run_on_an_s3_job_dir(tmp_path, mo
     done = merge(JobDir(url), str(tmp_path / "parts") + "/", log=lambda *_: None)
     parts = sorted((tmp_path / "parts").glob("part-*"))
     assert done.rows == 120 and b"".join(p.read_bytes() for p in parts) == want
+
+
+def test_loading_a_job_on_s3_reads_its_generation_record_once(tmp_path, moto_env, monkeypatch):  # noqa: F811
+    """The generation's existence and its record come from one GET (a HEAD, then that GET, was two)."""
+    local = make_job(tmp_path, rows=30, shards=3)
+    url, _ = mirror(local, monkeypatch, moto_env)
+    job = JobDir(url)
+    asked: list[str] = []
+    for name in ("head", "read"):
+        method = getattr(job.store, name)
+
+        def counted(key: str, *args, _name=name, _method=method, **kwargs):
+            if key.endswith("generation.json"):
+                asked.append(_name)
+            return _method(key, *args, **kwargs)
+
+        monkeypatch.setattr(job.store, name, counted)
+    assert job.manifest().recipe_sha256 and str(job.gen_dir).endswith(local.generation)
+    assert asked == ["read"]

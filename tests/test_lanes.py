@@ -12,8 +12,10 @@ import os
 import threading
 
 from data_juicer_elastic.job.claims import ClaimStore
+from data_juicer_elastic.storage.posix import PosixStore
 from data_juicer_elastic.worker.lanes import (
     Lanes,
+    fresh_left,
     lane_bounds,
     lane_state,
     read_hint,
@@ -147,3 +149,34 @@ def test_a_lane_whose_hint_stood_still_gets_an_owner_and_one_whose_tail_moves_ge
     write_tail(job, 5, hi - 8)  # the guest walking it moved on
     second = lanes._choose()
     assert second.lane == 5 and second.owner and second.cursor == lo + 4
+
+
+class _CountedReads(PosixStore):
+    """The job dir as a store that counts its reads (each one a GET on S3)."""
+
+    reads = 0
+
+    def read(self, key: str):
+        type(self).reads += 1
+        return super().read(key)
+
+
+def test_a_lane_seen_exhausted_is_not_read_again_and_a_marker_written_back_moves_nothing_back(tmp_path):
+    """The sweep reads every lane's two files at each build: a lane this job object saw exhausted is not read
+    again, and a hint written back later (a paused worker's old position) does not undo what was read."""
+    job = make_job(tmp_path, rows=64, shards=64)  # four lanes of 16
+    job._store = _CountedReads(job.root)
+    bounds = lane_bounds(64)
+    for k, (_, hi) in enumerate(bounds[:3]):
+        write_hint(job, k, hi)  # lanes 0-2 exhausted; lane 3 has no file yet
+    lo, hi = bounds[3]
+    write_hint(job, 3, lo + 8)
+    _CountedReads.reads = 0
+    assert fresh_left(job, 64) == hi - lo - 8
+    assert _CountedReads.reads == 8
+    write_hint(job, 0, bounds[0][0])  # written back: an older true statement
+    write_hint(job, 3, lo + 4)
+    _CountedReads.reads = 0
+    assert fresh_left(job, 64) == hi - lo - 8  # lane 0 still exhausted, lane 3's hint not lowered
+    assert _CountedReads.reads == 2  # lane 3's two files only
+    assert lane_state(job, bounds[0], 0) == (bounds[0][1], bounds[0][1])

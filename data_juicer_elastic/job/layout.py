@@ -142,6 +142,10 @@ class JobDir:
         self._manifest = None
         self._raw: Manifest | None = None
         self._gen_dir: Path | None = None  # checked once: a generation's folder is never removed
+        self._gen_raw: dict[str, Any] = {}  # generation.json as read, per generation (published once, never changed)
+        # lane -> (hint, tail) this object's readers learned (worker.lanes): claims are never undone, so the
+        # highest hint and lowest tail seen stay true, and a lane seen exhausted is not read again
+        self.lane_ends: dict[int, tuple[int, int]] = {}
         self.shared_link_check = shared_link_check  # a worker: shards/ is listed once per change, by one process
 
     @property
@@ -218,7 +222,9 @@ class JobDir:
 
     def _generation_record(self, gen: str) -> Generation:
         try:
-            raw = self._read_json(self.generations_dir / gen / "generation.json")
+            raw = self._generation_json(gen)
+            if raw is MISSING:
+                raise FileNotFoundError(errno.ENOENT, "missing", str(self.generations_dir / gen / "generation.json"))
             return Generation(gen, raw["recipe_sha256"], raw.get("created_at", 0.0))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise IntegrityError(
@@ -226,9 +232,22 @@ class JobDir:
                 "name another generation or run the job again"
             ) from exc
 
+    def _generation_json(self, gen: str) -> Any:
+        """``generation.json`` of ``gen`` parsed (``MISSING`` when absent), kept once read: it is published once,
+        so the manifest's load and the check that the generation exists share one read. Raises OSError/ValueError."""
+        raw = self._gen_raw.get(gen, MISSING)
+        if raw is MISSING:
+            raw = load_key(self.store, self.key(self.generations_dir / gen / "generation.json"))
+            if raw is not MISSING:
+                self._gen_raw[gen] = raw
+        return raw
+
     def _has_generation(self, gen: str) -> bool:
         if self.on_object_store:  # no folders: a generation is there once its record is (made last)
-            return self.store.head(self.key(self.generations_dir / gen / "generation.json")) is not None
+            try:  # one GET, kept for the manifest's load (a HEAD, then that GET, was two requests)
+                return self._generation_json(gen) is not MISSING
+            except (OSError, ValueError):  # there but unreadable: it exists (its load says what is wrong)
+                return self.store.head(self.key(self.generations_dir / gen / "generation.json")) is not None
         return (self.generations_dir / gen).is_dir()
 
     @property

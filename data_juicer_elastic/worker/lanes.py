@@ -85,13 +85,38 @@ def write_tail(job: JobDir, lane: int, index: int) -> None:
 
 
 def lane_state(job: JobDir, bounds: tuple[int, int], lane: int) -> tuple[int, int]:
-    """(hint, tail) of a lane, each clamped to its bounds; a missing file says nothing (start, end)."""
-    return lane_hint(job, bounds, lane), _within(read_tail(job, lane), bounds, bounds[1])
+    """(hint, tail) of a lane, each clamped to its bounds; a missing file says nothing (start, end).
+
+    Merged with what ``job`` learned of the lane before (``learn``); a lane it saw exhausted is not read
+    again: on S3 a lane's two files were most of a worker's GETs, the sweep reading every lane each time.
+    """
+    known = job.lane_ends.get(lane)
+    if known is not None and known[0] >= known[1]:
+        return known
+    return learn(
+        job, lane, _within(read_hint(job, lane), bounds, bounds[0]), _within(read_tail(job, lane), bounds, bounds[1])
+    )
 
 
 def lane_hint(job: JobDir, bounds: tuple[int, int], lane: int) -> int:
     """The lane's hint alone, clamped to its bounds (the start when missing): all a guest needs of it."""
-    return _within(read_hint(job, lane), bounds, bounds[0])
+    known = job.lane_ends.get(lane, (bounds[0], bounds[1]))
+    if known[0] >= known[1]:
+        return known[0]
+    return learn(job, lane, _within(read_hint(job, lane), bounds, bounds[0]), known[1])[0]
+
+
+def learn(job: JobDir, lane: int, hint: int, tail: int) -> tuple[int, int]:
+    """Note a true (hint, tail) of a lane in ``job.lane_ends``; what is known now: the higher hint, the lower tail.
+
+    Both only ever say what is claimed, and a claim is never undone: a hint written back by a paused worker,
+    or read before another's write, is an older true statement, never a reason to walk claimed shards again.
+    """
+    known = job.lane_ends.get(lane)
+    if known is not None:
+        hint, tail = max(hint, known[0]), min(tail, known[1])
+    job.lane_ends[lane] = (hint, tail)
+    return hint, tail
 
 
 def _within(index: int | None, bounds: tuple[int, int], missing: int) -> int:
@@ -126,6 +151,7 @@ def probed_fresh_left(job: JobDir, store: ClaimStore, order: list[str]) -> int:
             first = bounds[1]  # all claimed: the hint says so for every later reader
         if first != hint:
             write_hint(job, k, first)
+            learn(job, k, first, tail)
         left += max(tail - first, 0)
     return left
 
@@ -186,6 +212,7 @@ class Lanes:
             k, self._first = self._first, None
             hint, tail = self._state(k)
             return None if k in self.done else Walk(k, hint, owner=True, marked=hint, other=tail)
+        self.done.update(k for k, (hint, tail) in self.job.lane_ends.items() if hint >= tail)  # seen by the sweep
         open_lanes = [k for k in range(len(self.bounds)) if k not in self.done]
         others = [k for k in open_lanes if k != self._avoid] or open_lanes
         self._avoid = None
@@ -243,6 +270,8 @@ class Lanes:
         if index != walk.marked:
             (write_hint if walk.owner else write_tail)(self.job, walk.lane, index)
             walk.marked = index
+            lo, hi = self.bounds[walk.lane]
+            learn(self.job, walk.lane, index if walk.owner else lo, hi if walk.owner else index)
 
     def _exhaust(self, walk: Walk) -> None:
         lo, hi = self.bounds[walk.lane]
