@@ -132,6 +132,8 @@ def test_the_report_on_s3_says_what_the_same_job_on_disk_says(ran):
     assert ours.tables["ops"][1][:4] == ["1", "every_other_row_filter", "Filter", "60"]
     assert len(ours.tables["failures"]) == 2 and len(ours.tables["shards"]) == 8  # header, rows, total
     assert not Path(url.replace("s3://", "/", 1)).exists(), "the report wrote the job dir's name on local disk"
+    head = job.store.client.head_object(Bucket=job.store.bucket, Key=f"{job.store.prefix}/{_key(local)}")
+    assert head["ContentType"] == "text/html; charset=utf-8", head  # shown, not downloaded, from a presigned URL
 
 
 def test_dj_elastic_report_on_s3_exits_0_and_says_where_the_report_is(ran, tmp_path):

@@ -74,6 +74,9 @@ class _Body(io.RawIOBase):
         super().close()
 
 
+CONTENT_TYPES = {"html": "text/html; charset=utf-8", "json": "application/json"}
+
+
 @dataclass(frozen=True)
 class _Beat:
     """A lease as this process last wrote or read it: renew's next body without a GET per beat."""
@@ -287,6 +290,9 @@ class S3Store:
         an NFS link retransmitted. A 409 is a concurrent conditional write: retried.
         """
         extra: dict[str, Any] = {**condition, "Metadata": metadata} if metadata else dict(condition)
+        kind = CONTENT_TYPES.get(full.rpartition(".")[2])
+        if kind:  # a browser shows the report, opened by a presigned URL, instead of downloading it
+            extra["ContentType"] = kind
         for attempt in range(CONFLICT_TRIES):
             try:
                 return dict(self.client.put_object(Bucket=self.bucket, Key=full, Body=data, **extra))
