@@ -23,7 +23,8 @@ Where a link is impossible (the folder on another file system, a file
 system without hard links, a job dir on S3) the part is copied instead, read
 through the job's store (``parquet_out.open_checked``) and checked against
 its record as the merge checks it. From a job dir on S3 to an s3:// prefix
-no byte passes through here: the store copies each part (``s3_export.copy_folder``).
+no byte passes through here: the store copies each part (``s3_export.copy_folder``; a Parquet part of
+another schema is rewritten and uploaded, ``copy_parquet_folder``).
 A killed export leaves parts and no
 ``_SUCCESS``: an export into that folder resumes, keeping each part that is
 already the shard's output. A complete folder that holds exactly these
@@ -397,6 +398,9 @@ def verify_folder(folder: str | os.PathLike) -> list[str]:
 
 
 # --------------------------------------------------------------------------- Parquet parts
+Source = tuple[DoneRecord, Path, dict]  # a done record, its attempt's processed.parquet, that file's sidecar
+
+
 def export_parquet_folder(
     records: list[Done],
     folder: Path,
@@ -408,29 +412,27 @@ def export_parquet_folder(
     """Publish each attempt's ``processed.parquet`` (``parquet_out``) as a part, linked where every part
     already has one schema; parts whose schema differs are rewritten with the union. ``_SUCCESS`` last.
     The parts are ``job``'s, read through its store; copied (checked) where it is no POSIX folder."""
-    found = [(r, *parquet_out.shard_parquet(job, r, path)) for r, path in records]
+    found = parquet_sources(job, records)
     local = job.files_are_local
     for r, path, meta in found if local else ():  # elsewhere the bytes are checked as they are copied
         _check_size(r.shard, path, meta["bytes"])
-    key = [_source_entry(r, meta) for r, _, meta in found]
     success = folder / SUCCESS
     if folder.exists() and success.exists():
         old = read_record(success)
-        if [_source_of(p) for p in old.get("parts", [])] == key and _parts_in_place(folder, old):
-            return _parquet_result(folder, found, kept=len(found))
+        if same_sources(old, found) and _parts_in_place(folder, old):
+            return parquet_result(folder, found, kept=len(found))
     _prepare_folder(folder, {"parts": None}, overwrite)
     remove_dead_temps_in(folder)
-    schemas, schema = parquet_out.part_schemas(job, [(r.shard, path, meta) for r, path, meta in found])
+    rewrite, schema = parquet_rewrites(job, found)
     parts, linked, copied = [], 0, 0
-    for (r, path, meta), own in zip(found, schemas, strict=True):
-        target = folder / part_name(r.shard, "parquet")
+    for source, again in zip(found, rewrite, strict=True):
+        r, path, meta = source
+        target = folder / part_name(r.shard, parquet_out.PARQUET)
         tmp = temp_name(target)
         d = None
         try:
-            if schema is not None and not own.equals(schema):
-                checked = parquet_out.read_checked(job, r.shard, path, meta)  # what the worker wrote is rewritten
-                parquet_out.rewrite_part(checked, tmp, schema)
-                d = digest_file(tmp)
+            if again:
+                d = rewrite_source(job, source, tmp, schema)  # what the worker wrote is rewritten
                 copied += 1
             elif local and _linked(path, tmp):
                 linked += 1
@@ -440,19 +442,51 @@ def export_parquet_folder(
             os.replace(tmp, target)
         finally:
             unlink_quietly(tmp)
-        size, sha = (d.bytes, d.sha256) if d else (meta["bytes"], meta["sha256"])
-        parts.append({"file": target.name, **_source_entry(r, meta), "bytes": size, "sha256": sha})
+        parts.append(parquet_part(source, d))
     wanted = {p["file"] for p in parts}
     for name in os.listdir(folder):
         if PART_RE.match(name) and name not in wanted:
             os.unlink(folder / name)
     fsync_dir(folder)
-    manifest = {"format": FORMAT, "version": VERSION, "data": "parquet", "parts": parts}
-    manifest |= {"rows": sum(p["rows"] for p in parts), "bytes": sum(p["bytes"] for p in parts)}
-    atomic_write(success, dumps_json(manifest))
+    atomic_write(success, dumps_json(parquet_manifest(parts)))
     if copied:
         log(f"{copied} part(s) were written anew (another schema, or no hard link possible)")
-    return _parquet_result(folder, found, linked=linked, copied=copied)
+    return parquet_result(folder, found, linked=linked, copied=copied)
+
+
+def parquet_sources(job: JobDir, records: list[Done]) -> list[Source]:
+    """Each record's Parquet output and sidecar (``parquet_out.shard_parquet``: rows checked)."""
+    return [(r, *parquet_out.shard_parquet(job, r, path)) for r, path in records]
+
+
+def parquet_rewrites(job: JobDir, found: list[Source]) -> tuple[list[bool], Any]:
+    """Which parts are rewritten, and with which schema (``parquet_out.rewrites``: their footers only)."""
+    return parquet_out.rewrites(job, [(r.shard, path, meta) for r, path, meta in found])
+
+
+def rewrite_source(job: JobDir, source: Source, dst: Path, schema: Any) -> FileDigest:
+    """The part rewritten with ``schema`` at ``dst`` (its source checked as it is read), and what it holds."""
+    r, path, meta = source
+    parquet_out.rewrite_part(job, r.shard, path, meta, dst, schema)
+    return digest_file(dst)
+
+
+def same_sources(manifest: dict, found: list[Source]) -> bool:
+    """Does a ``_SUCCESS`` list exactly these sources? (A rewritten part's bytes are not its source's.)"""
+    return [_source_of(p) for p in manifest.get("parts", [])] == [_source_entry(r, meta) for r, _, meta in found]
+
+
+def parquet_part(source: Source, rewritten: FileDigest | None) -> dict:
+    """``_SUCCESS``'s entry of a part: its source, and its bytes and sha256 (the source's, unless rewritten)."""
+    r, _, meta = source
+    size, sha = (rewritten.bytes, rewritten.sha256) if rewritten else (meta["bytes"], meta["sha256"])
+    return {"file": part_name(r.shard, parquet_out.PARQUET), **_source_entry(r, meta), "bytes": size, "sha256": sha}
+
+
+def parquet_manifest(parts: list[dict]) -> dict:
+    """``_SUCCESS`` of a Parquet folder export (its bytes: ``dumps_json``), wherever the folder is."""
+    manifest = {"format": FORMAT, "version": VERSION, "data": parquet_out.PARQUET, "parts": parts}
+    return manifest | {"rows": sum(p["rows"] for p in parts), "bytes": sum(p["bytes"] for p in parts)}
 
 
 def _source_entry(r: DoneRecord, meta: dict) -> dict:
@@ -469,14 +503,21 @@ def _check_size(shard: str, path: Path, size: int) -> None:
         st = os.stat(path)
     except OSError as exc:
         raise IntegrityError(f"shard {shard}: {path} cannot be read ({exc.strerror}); rerun the shard") from exc
-    if st.st_size != size:
+    check_sidecar_size(shard, path, st.st_size, size)
+
+
+def check_sidecar_size(shard: str, path: Path, size: int, want: int) -> None:
+    """A Parquet output whose size (a stat, a HEAD) is not its sidecar's changed after the worker wrote it."""
+    if size != want:
         raise IntegrityError(
-            f"shard {shard}: {path} is {st.st_size} bytes, its sidecar says {size}; it changed after the worker "
+            f"shard {shard}: {path} is {size} bytes, its sidecar says {want}; it changed after the worker "
             "wrote it: restore it, or archive the record and rerun the shard"
         )
 
 
-def _parquet_result(folder: Path, found: list, linked: int = 0, copied: int = 0, kept: int = 0) -> FolderExport:
+def parquet_result(
+    folder: Path | str, found: list[Source], linked: int = 0, copied: int = 0, kept: int = 0
+) -> FolderExport:
     rows = sum(r.rows for r, _, _ in found)
     size = sum(meta["bytes"] for _, _, meta in found)
     return FolderExport(folder, rows, size, linked, copied, kept)

@@ -217,7 +217,8 @@ def _merge_to_s3(
     job: JobDir, output: str, overwrite: bool, log: Callable[[str], Any], fmt: str, progress: bool | None
 ) -> MergeResult:
     """One object at an s3:// URL (``s3_export``): JSONL streamed into one multipart upload as it is checked;
-    Parquet written locally (in the generation folder), then uploaded. merge.json names URL, size, ETag."""
+    Parquet written locally (``s3_export.scratch``), then uploaded as one multipart upload. merge.json names
+    URL, size, ETag."""
     started, started_at = time.monotonic(), time.time()
     url = s3_export.location(output)
     records = _all_done(job)
@@ -226,12 +227,13 @@ def _merge_to_s3(
     bar = ProgressBar(total, "merge", progress)
     try:
         if fmt == PARQUET:
-            tmp = temp_name(job.gen_dir / "merged.parquet")
-            try:
-                rows = parquet_out.write_merged(job, parts, tmp, lambda n: bar.update(n))[0]
-                stamp = s3_export.upload_local(tmp, url, overwrite)
-            finally:
-                unlink_quietly(tmp)
+            with s3_export.scratch(job) as folder:
+                tmp = temp_name(folder / "merged.parquet")
+                try:
+                    rows = parquet_out.write_merged(job, parts, tmp, lambda n: bar.update(n))[0]
+                    stamp = s3_export.upload_local(tmp, url, overwrite)
+                finally:
+                    unlink_quietly(tmp)
             sha = None
         else:
             with s3_export.open_upload(url, overwrite, total) as upload:

@@ -309,12 +309,20 @@ def part_schemas(job: JobDir, parts: list[tuple[str, Path, dict]]) -> tuple[list
     return schemas, unify(schemas)
 
 
-def rewrite_part(src: Any, dst: Path, schema: Any) -> None:
-    """The part's checked bytes ``src`` (``read_checked``) cast to ``schema``, written to ``dst`` (fsynced)."""
+def rewrites(job: JobDir, parts: list[tuple[str, Path, dict]]) -> tuple[list[bool], Any]:
+    """Which parts a folder export rewrites (their schema is not the union of all), and that union (None
+    when every part has one schema: none is rewritten)."""
+    schemas, union = part_schemas(job, parts)
+    return [union is not None and not own.equals(union) for own in schemas], union
+
+
+def rewrite_part(job: JobDir, shard: str, path: Path, meta: dict, dst: Path, schema: Any) -> None:
+    """The part at ``path`` (read once, checked: ``read_checked``) cast to ``schema``, written to ``dst``
+    (fsynced)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    f = pq.ParquetFile(pa.BufferReader(src))
+    f = pq.ParquetFile(pa.BufferReader(read_checked(job, shard, path, meta)))
     with pq.ParquetWriter(dst, schema) as writer:
         for i in range(f.num_row_groups):
             writer.write_table(conform(f.read_row_group(i), schema), row_group_size=ROW_GROUP)

@@ -12,7 +12,9 @@ in the generation folder, then each part is put at ``<prefix>/<part>`` and
 whose size and sha256 metadata already match. From a job dir on S3
 nothing is staged and no output byte comes through this process: each part
 is a server-side ``CopyObject`` of its attempt output (``UploadPartCopy``
-ranges above 5 GiB) under the same rules. The endpoint and credentials
+ranges above 5 GiB) under the same rules; only a Parquet part whose schema
+is not the union of all is rewritten in node-local scratch (``scratch``) and
+uploaded. A merged Parquet file from a job dir on S3 is written there too. The endpoint and credentials
 are boto3's own chain (``AWS_ENDPOINT_URL``, ``AWS_PROFILE``, roles);
 ``merge.json`` records the URL, size and ETag and nothing of them.
 ``verify_export`` (``dj-elastic verify``) checks an export here against
@@ -25,7 +27,8 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,11 +45,19 @@ from data_juicer_elastic.folder_export import (
     check_output_size,
     check_recorded_file,
     check_recorded_folder,
+    check_sidecar_size,
     export_folder,
     manifest_of,
+    parquet_manifest,
+    parquet_part,
+    parquet_result,
+    parquet_rewrites,
+    parquet_sources,
     part_name,
+    rewrite_source,
+    same_sources,
 )
-from data_juicer_elastic.job.records.done import DoneRecord
+from data_juicer_elastic.parquet_out import PARQUET
 from data_juicer_elastic.storage.blocks import BLOCK, FileDigest, blocks, digest_blocks
 from data_juicer_elastic.storage.files import dumps_json
 from data_juicer_elastic.storage.keys import Entry, normalise_prefix
@@ -163,6 +174,18 @@ class FolderUpload:
     stamp: Stamp
 
 
+@contextlib.contextmanager
+def scratch(job: JobDir) -> Iterator[Path]:
+    """A local folder for what an export writes before it uploads it: a POSIX job dir's generation folder
+    (its outputs can be linked from there), else a fresh folder in node-local scratch (``$TMPDIR``), removed
+    after."""
+    if job.files_are_local:
+        yield job.gen_dir
+        return
+    with tempfile.TemporaryDirectory(prefix="dje-export-") as folder:
+        yield Path(folder)
+
+
 def staging_folder(gen_dir: Path) -> Path:
     return gen_dir / STAGING
 
@@ -171,15 +194,12 @@ def export_to_prefix(
     job: JobDir, records: list[Done], exporter: Callable[..., FolderExport], url: str, overwrite: bool, log: Callable
 ) -> tuple[FolderExport, Stamp]:
     """A folder export to the prefix ``url``. From a job dir on S3 each part is copied there server-side
-    (``copy_folder``); from a POSIX one ``exporter`` stages the local folder export (links, Parquet schemas
-    unified) in the generation folder, which is uploaded (``upload_folder``) and removed."""
+    (``copy_folder``; ``copy_parquet_folder`` rewrites Parquet parts of another schema and uploads those);
+    from a POSIX one ``exporter`` stages the local folder export (links, Parquet schemas unified) in the
+    generation folder, which is uploaded (``upload_folder``) and removed."""
     if job.on_object_store:
-        if exporter is not export_folder:
-            raise UserError(
-                f"{url}/: a Parquet folder export from a job dir on S3 to S3 is not supported yet; export it as "
-                "one .parquet object, or to a local folder"
-            )
-        return copy_folder(job, records, url, overwrite, log)
+        copier = copy_folder if exporter is export_folder else copy_parquet_folder
+        return copier(job, records, url, overwrite, log)
     staged = staging_folder(job.gen_dir)
     done = exporter(records, staged, overwrite=True, log=log, job=job)
     stamp = upload_folder(staged, url, overwrite, log).stamp
@@ -206,19 +226,76 @@ def copy_folder(
     through this process. Each output's size is checked by a HEAD (its content was hashed by the worker;
     ``dj-elastic verify`` re-hashes the parts), and the copy takes exactly the object seen
     (``x-amz-copy-source-if-match``)."""
+    _copy_target(job, url)
+    outputs = {part_name(r.shard): (r, path) for r, path in records}
+
+    def put(store: Any, part: dict, seen: Entry | None) -> bool:
+        record, path = outputs[part["file"]]
+        return _copy_part(store, job, record.shard, path, lambda n: check_output_size(record, path, n), part, seen)
+
+    done = _publish(url, dumps_json(manifest_of(records)), put, overwrite, log, "copied to")
+    return FolderExport(location(url), done.rows, done.bytes, 0, done.uploaded, done.kept), done.stamp
+
+
+def copy_parquet_folder(
+    job: JobDir, records: list[Done], url: str, overwrite: bool, log: Callable[[str], Any]
+) -> tuple[FolderExport, Stamp]:
+    """The Parquet folder export of ``records`` (in ``job``'s S3 store) at the prefix ``url``, with the parts
+    and ``_SUCCESS`` a local export writes (``folder_export.export_parquet_folder``): a part whose schema is
+    already the unified one is copied by the store (``_copy_part``, its size checked against its sidecar);
+    the others are rewritten with it in node-local scratch (their source checked as it is read) and
+    uploaded. A complete export of these sources is left as it is before anything is rewritten."""
+    from data_juicer_elastic.storage.s3_upload import upload_file
+
+    store = _copy_target(job, url)
+    found = parquet_sources(job, records)
+    there = store.read(SUCCESS)
+    if there is not None:
+        old = _loads(there[0])
+        if same_sources(old, found) and _parts_there(store, old):
+            return parquet_result(location(url), found, kept=len(found)), Stamp(there[1].size, there[1].ver)
+        if not overwrite:
+            raise _other_export(url)
+    rewrite, schema = parquet_rewrites(job, found)
+    with scratch(job) as folder:
+        parts, sources, local = [], {}, {}
+        for source, again in zip(found, rewrite, strict=True):
+            name = part_name(source[0].shard, PARQUET)
+            sources[name] = source
+            if again:
+                local[name] = folder / name
+            parts.append(parquet_part(source, rewrite_source(job, source, local[name], schema) if again else None))
+
+        def put(store: Any, part: dict, seen: Entry | None) -> bool:
+            if part["file"] in local:
+                upload_file(store, part["file"], local[part["file"]], part["sha256"])
+                return True
+            r, path, meta = sources[part["file"]]
+            check = lambda n: check_sidecar_size(r.shard, path, n, meta["bytes"])  # noqa: E731
+            return _copy_part(store, job, r.shard, path, check, part, seen)
+
+        done = _publish(url, dumps_json(parquet_manifest(parts)), put, overwrite, log, "copied to")
+    return parquet_result(location(url), found, copied=done.uploaded, kept=done.kept), done.stamp
+
+
+def _loads(manifest: bytes) -> dict:
+    """A ``_SUCCESS`` found at the prefix; one that is no manifest reads as one of no parts."""
+    try:
+        found = orjson.loads(manifest)
+    except orjson.JSONDecodeError:
+        return {}
+    return found if isinstance(found, dict) and isinstance(found.get("parts"), list) else {}
+
+
+def _copy_target(job: JobDir, url: str) -> Any:
+    """The store of the prefix ``url``, on the job dir's endpoint (a server-side copy needs one)."""
     store, _ = store_of(url, folder=True)
     if store.endpoint != job.store.endpoint:
         raise UserError(
             f"{url}/: the job dir is at {job.store.endpoint}, the export at {store.endpoint}; a server-side copy "
             "needs one endpoint: export to a local folder, or to a prefix on the job dir's endpoint"
         )
-    outputs = {part_name(r.shard): (r, path) for r, path in records}
-
-    def put(store: Any, part: dict, seen: Entry | None) -> bool:
-        return _copy_part(store, job, *outputs[part["file"]], part, seen)
-
-    done = _publish(url, dumps_json(manifest_of(records)), put, overwrite, log, "copied to")
-    return FolderExport(location(url), done.rows, done.bytes, 0, done.uploaded, done.kept), done.stamp
+    return store
 
 
 def _publish(
@@ -241,10 +318,7 @@ def _publish(
     if found is not None and found[0] == manifest_bytes and _parts_there(store, manifest):
         return _folder_result(manifest, 0, len(manifest["parts"]), Stamp(found[1].size, found[1].ver))
     if found is not None and not overwrite:
-        raise UserError(
-            f"{url}/: holds a complete export of other outputs; pass --overwrite (or overwrite_output) to "
-            "replace it, or choose another prefix"
-        )
+        raise _other_export(url)
     listed = {e.key: e for e in store.list("")}
     foreign = sorted(k for k in listed if k != SUCCESS and not PART_RE.match(k))
     if foreign:
@@ -272,20 +346,28 @@ def _publish(
     return _folder_result(manifest, written, kept, Stamp(meta.size, meta.ver))
 
 
-def _copy_part(store: Any, job: JobDir, record: DoneRecord, path: Path, part: dict, seen: Entry | None) -> bool:
-    """Copy the shard's output to ``part`` by the store: ``If-None-Match: *`` where the part was missing,
-    ``If-Match`` the ETag listed where another part was there (a store that ignores them, moto, replaces
-    whatever is there: the listing and HEAD before stand as the guard). A refused copy is fine when the part
-    is now in place (another export, or our own request resent); else it is refused."""
+def _other_export(url: str) -> UserError:
+    return UserError(
+        f"{url}/: holds a complete export of other outputs; pass --overwrite (or overwrite_output) to "
+        "replace it, or choose another prefix"
+    )
+
+
+def _copy_part(
+    store: Any, job: JobDir, shard: str, path: Path, check: Callable[[int], None], part: dict, seen: Entry | None
+) -> bool:
+    """Copy the shard's file at ``path`` to ``part`` by the store, once ``check`` passed its size (a HEAD):
+    ``If-None-Match: *`` where the part was missing, ``If-Match`` the ETag listed where another part was
+    there (a store that ignores them, moto, replaces whatever is there: the listing and HEAD before stand as
+    the guard). A refused copy is fine when the part is now in place (another export, or our own request
+    resent); else it is refused."""
     from data_juicer_elastic.storage.s3_upload import SHA_META
 
     source = job.store.head_response(job.key(path))
     if source is None:
-        raise IntegrityError(
-            f"shard {record.shard}: {path} cannot be read (it is missing); restore it or rerun the shard"
-        )
+        raise IntegrityError(f"shard {shard}: {path} cannot be read (it is missing); restore it or rerun the shard")
     size = int(source["ContentLength"])
-    check_output_size(record, path, size)
+    check(size)
     copy = {"Bucket": store.bucket, "Key": store._full(part["file"]), "MetadataDirective": "REPLACE"}
     copy |= {"Metadata": {SHA_META: part["sha256"]}, **({"IfMatch": seen.ver} if seen else {"IfNoneMatch": "*"})}
     copy |= {"CopySource": {"Bucket": job.store.bucket, "Key": job.store._full(job.key(path))}}

@@ -19,7 +19,7 @@ import pytest
 
 from data_juicer_elastic import s3_export
 from data_juicer_elastic.errors import UserError
-from data_juicer_elastic.folder_export import SUCCESS, export_parquet_folder
+from data_juicer_elastic.folder_export import SUCCESS
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.records.done import load_done
 from data_juicer_elastic.merge import merge, verify
@@ -168,9 +168,3 @@ def test_a_part_over_the_copy_limit_is_copied_in_ranges(job_url, requests, monke
     assert spans == [f"bytes=0-{s3_upload.MIN_PART - 1}", f"bytes={s3_upload.MIN_PART}-{len(data) - 1}"]
     assert dst.read("part-00000-of-00001.jsonl")[0] == data  # type: ignore[index]
     assert s3_upload.sha256_of(dst, "part-00000-of-00001.jsonl") == (len(data), "x")
-
-
-def test_a_parquet_folder_from_a_job_dir_on_s3_is_refused_clearly(job_url) -> None:
-    job = JobDir(job_url)
-    with pytest.raises(UserError, match="Parquet folder export from a job dir on S3"):
-        s3_export.export_to_prefix(job, [], export_parquet_folder, f"{job_url}-pq", False, _quiet)
