@@ -221,6 +221,8 @@ def _merge_to_s3(
     URL, size, ETag."""
     started, started_at = time.monotonic(), time.time()
     url = s3_export.location(output)
+    if fmt == PARQUET:  # its file is written before the upload that would refuse it
+        s3_export.refuse_existing(url, overwrite)
     records = _all_done(job)
     parts = [(r.shard, *parquet_out.shard_parquet(job, r, path)) for r, path in records] if fmt == PARQUET else []
     total = sum(m["bytes"] for _, _, m in parts) if parts else sum(r.bytes for r, _ in records)

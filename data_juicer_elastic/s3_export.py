@@ -158,6 +158,15 @@ def upload_local(path: Path, url: str, overwrite: bool, tick: Callable[[int], No
         return complete(up, url)
 
 
+def refuse_existing(url: str, overwrite: bool) -> None:
+    """Before the work that precedes an upload (the merged Parquet file): an object at ``url`` is refused
+    unless ``overwrite``, as a local merge refuses before it reads anything (``open_upload`` checks again)."""
+    if not overwrite:
+        store, name = store_of(url, folder=False)
+        if store.head(name) is not None:
+            raise _exists(url)
+
+
 def _exists(url: str) -> UserError:
     return UserError(
         f"{url}: already exists; pass --overwrite (or overwrite_output) to replace it, or choose another path"

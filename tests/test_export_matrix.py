@@ -172,3 +172,18 @@ def test_a_parquet_folder_from_s3_to_s3_copies_parts_of_the_unified_schema(
     put = [(op, k.removeprefix(dest)) for op, k, _ in requests.sent if op in ("PutObject", "CopyObject") and dest in k]
     assert put == [("PutObject", f"part-00000-of-0000{SHARDS}.parquet"), ("PutObject", SUCCESS)]
     assert read_tree(out) == want
+
+
+def test_a_parquet_object_already_there_is_refused_before_an_output_is_read(
+    jobs: Jobs,
+    requests: Requests,  # noqa: F811
+) -> None:
+    """As a local merge refuses before it reads anything: no output fetched, nothing written in scratch."""
+    job = jobs.job("s3", "parquet")
+    out = jobs.output("s3", "s3-object", "parquet")
+    merge(JobDir(job), out, log=_quiet)
+    requests.clear()
+    with pytest.raises(UserError, match="already exists"):
+        merge(JobDir(job), out, log=_quiet)
+    read = [k for k, _ in requests.ops("GetObject") if k.endswith(".parquet")]
+    assert read == [] and requests.ops("CreateMultipartUpload") == [], requests.sent
