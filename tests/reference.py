@@ -15,8 +15,11 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -67,6 +70,20 @@ def dj_process(
     return subprocess.run(
         [DJ_PROCESS, *args], cwd=cwd, env=env_with(**(env or {})), capture_output=True, text=True, timeout=timeout
     )
+
+
+T = TypeVar("T")
+
+
+@contextmanager
+def meanwhile(call: Callable[[], T]) -> Iterator[Future[T]]:
+    """``call`` on a thread of its own while the block runs: for a run that needs nothing of the block's runs
+    (a reference run reads the input, not the job). Each run is a process that mostly waits on its imports and
+    its Ray start, so two overlap instead of queueing. Read ``.result()`` for its value or its exception;
+    leaving the block waits for it.
+    """
+    with ThreadPoolExecutor(1) as pool:
+        yield pool.submit(call)
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:

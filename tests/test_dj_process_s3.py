@@ -85,18 +85,16 @@ def test_two_dj_process_nodes_on_an_s3_job_dir_export_the_bytes_of_a_local_job_d
     with s3_server(BUCKET) as server:
         try:
             nodes = [on_store.start(host, **aws_env(server)) for host in ("node-a", "node-b")]
+            alone = on_disk.start("node-a")  # the same job on a local job dir, at the same time: nothing shared
             codes = [node.wait(900) for node in nodes]
+            assert alone.wait(900) == 0, on_disk.logs()
         finally:
             on_store.stop_all()
+            on_disk.stop_all()
     assert codes == [0, 0], on_store.logs()
     for node in nodes:
         assert node.output.count(f"store: {url} (endpoint {server['AWS_ENDPOINT_URL']}): {CAPABILITIES}") == 1
         assert node.result().startswith(f"{on_store.shards} shards completed by"), node.result()
     assert not on_store.job.root.exists() and not (tmp_path / "s3" / "s3:").exists()  # no local job folder
-    try:
-        alone = on_disk.start("node-a")
-        assert alone.wait(900) == 0, on_disk.logs()
-    finally:
-        on_disk.stop_all()
     assert on_store.export.read_bytes() == on_disk.export.read_bytes()
     assert on_store.export.stat().st_size > 0

@@ -27,6 +27,7 @@ from .reference import (
     dj_process,
     elastic_recipe,
     input_ids,
+    meanwhile,
     read_rows,
     run_elastic,
     run_reference,
@@ -60,9 +61,9 @@ def index_job(tmp_path_factory):
         ],
     )
     op_override = ("--text_length_filter.min_len", "40")
-    out = run_elastic(config, tmp, "--elastic_shard.num_shards", "3", *op_override)
+    with meanwhile(lambda: run_reference(config, tmp / "ref", cwd=tmp, overrides=op_override)) as reference:
+        out = run_elastic(config, tmp, "--elastic_shard.num_shards", "3", *op_override)
     merged = read_rows(tmp / "out" / "merged.jsonl")
-    reference = run_reference(config, tmp / "ref", cwd=tmp, overrides=op_override)
     return {
         "tmp": tmp,
         "config": config,
@@ -70,7 +71,7 @@ def index_job(tmp_path_factory):
         "data": data,
         "job": tmp / "job",
         "merged": merged,
-        "reference": reference,
+        "reference": reference.result(),
         "log": out,
     }
 
@@ -149,10 +150,10 @@ def test_custom_operator_recipe_matches_one_ray_run(tmp_path):
         ],
         custom_operator_paths=["ops/dje_test_ops.py"],  # relative to the working directory, as Data-Juicer reads it
     )
-    run_elastic(config, tmp_path)
+    with meanwhile(lambda: run_reference(config, tmp_path / "ref", cwd=tmp_path)) as reference:
+        run_elastic(config, tmp_path)
     merged = read_rows(tmp_path / "out" / "merged.jsonl")
-    reference = run_reference(config, tmp_path / "ref", cwd=tmp_path)
-    assert_matches_reference(merged, reference, input_ids(data))
+    assert_matches_reference(merged, reference.result(), input_ids(data))
     assert merged and all(r["id"] % 2 == 1 and r["tag"].startswith("len-mod-5-") for r in merged)
     snapshot = yaml.safe_load(JobDir(tmp_path / "job").recipe_path.read_text())
     assert snapshot["custom_operator_paths"] == [str(ops)]
@@ -223,9 +224,6 @@ def test_relative_media_paths_in_a_nested_folder(tmp_path):
         tmp_path / "job",
         process=[{"whitespace_normalization_mapper": None}, {"image_shape_filter": {"min_width": 10}}],
     )
-    run_elastic(config, tmp_path)
-    merged = read_rows(tmp_path / "out" / "merged.jsonl")
-
     # The reference reads a copy whose media paths were made absolute against the dataset root, as the
     # default executor resolves them (a whole-folder Ray run resolves them against the folder's parent).
     ref_root = tmp_path / "ref-data"
@@ -235,8 +233,10 @@ def test_relative_media_paths_in_a_nested_folder(tmp_path):
             if row.get("images"):
                 row["images"] = [os.path.join(root, p) for p in row["images"]]
         write_jsonl(ref_root / rel, rows)
-    reference = run_reference(config, tmp_path / "ref", cwd=tmp_path, dataset_path=ref_root)
-    assert_matches_reference(merged, reference, input_ids(root))
+    with meanwhile(lambda: run_reference(config, tmp_path / "ref", cwd=tmp_path, dataset_path=ref_root)) as reference:
+        run_elastic(config, tmp_path)
+    merged = read_rows(tmp_path / "out" / "merged.jsonl")
+    assert_matches_reference(merged, reference.result(), input_ids(root))
     with_images = [r for r in merged if r.get("images")]
     assert with_images and all(os.path.isabs(p) and os.path.exists(p) for r in with_images for p in r["images"])
     assert not any(str(root / "img/small.png") in (r.get("images") or []) for r in merged)
@@ -298,17 +298,20 @@ def test_switched_off_plugin_leaves_data_juicer_as_shipped(tmp_path):
         tmp_path / "job",
         process=[{"whitespace_normalization_mapper": None}],
     )
-    out = dj_process("--config", str(config), cwd=tmp_path, env={"DJ_ELASTIC_DISABLE": "1"})
+    with (
+        meanwhile(lambda: dj_process("--help", cwd=tmp_path, env={"DJ_ELASTIC_DISABLE": "1"})) as off_help,
+        meanwhile(lambda: dj_process("--help", cwd=tmp_path)) as on_help,
+    ):
+        out = dj_process("--config", str(config), cwd=tmp_path, env={"DJ_ELASTIC_DISABLE": "1"})
     assert out.returncode == 2 and "not among choices" in out.stderr and "elastic_shard" in out.stderr
-    out = dj_process("--help", cwd=tmp_path, env={"DJ_ELASTIC_DISABLE": "1"})
+    out = off_help.result()
     assert out.returncode == 0 and "elastic_shard" not in out.stdout
-    out = dj_process("--help", cwd=tmp_path)
+    out = on_help.result()
     assert out.returncode == 0 and "--elastic_shard.num_shards" in out.stdout
 
 
 def test_default_executor_is_unchanged_by_the_plugin(tmp_path):
-    outputs = {}
-    for label, env in (("plugin", {}), ("disabled", {"DJ_ELASTIC_DISABLE": "1"})):
+    def output(label: str, env: dict[str, str]) -> bytes:
         recipe = {
             "project_name": "default-check",
             "dataset_path": str(REPO / "demos/data/text/books.jsonl"),
@@ -320,5 +323,8 @@ def test_default_executor_is_unchanged_by_the_plugin(tmp_path):
         config.write_text(yaml.safe_dump(recipe))
         out = dj_process("--config", str(config), cwd=tmp_path, env=env)
         assert out.returncode == 0, out.stderr[-3000:]
-        outputs[label] = (tmp_path / label / "result.jsonl").read_bytes()
-    assert outputs["plugin"] == outputs["disabled"] and outputs["plugin"]
+        return (tmp_path / label / "result.jsonl").read_bytes()
+
+    with meanwhile(lambda: output("disabled", {"DJ_ELASTIC_DISABLE": "1"})) as disabled:
+        plugin = output("plugin", {})
+    assert plugin == disabled.result() and plugin

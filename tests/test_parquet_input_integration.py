@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from .reference import differences, dj_process, elastic_recipe, read_rows, reference_recipe, run_elastic
+from .reference import differences, dj_process, elastic_recipe, meanwhile, read_rows, reference_recipe, run_elastic
 
 pytestmark = pytest.mark.slow
 
@@ -55,10 +55,13 @@ def test_parquet_folder_matches_one_ray_run(tmp_path):
     # JSONL out
     out = tmp_path / "out" / "merged.jsonl"
     config = elastic_recipe(tmp_path / "pq_in.yaml", data, out, tmp_path / "job", process=process)
-    run_elastic(config, tmp_path)
-    merged = read_rows(out)
     ref_config = reference_recipe(config, tmp_path / "ref")
-    done = dj_process("--config", str(ref_config), cwd=tmp_path, env={"DJ_ELASTIC_DISABLE": "1"})
+    with meanwhile(
+        lambda: dj_process("--config", str(ref_config), cwd=tmp_path, env={"DJ_ELASTIC_DISABLE": "1"})
+    ) as ref:
+        run_elastic(config, tmp_path)
+    merged = read_rows(out)
+    done = ref.result()
     assert done.returncode == 0, done.stderr[-5000:]
     reference = read_rows(tmp_path / "ref" / "reference.jsonl")
     ids = [r["id"] for r in merged]

@@ -12,7 +12,7 @@ import yaml
 
 from data_juicer_elastic.folder_export import verify_folder
 
-from .reference import REPO, dj_process, elastic_recipe, env_with, reference_recipe, run_elastic, write_jsonl
+from .reference import REPO, dj_process, elastic_recipe, env_with, meanwhile, reference_recipe, run_elastic, write_jsonl
 
 pytestmark = pytest.mark.slow
 
@@ -38,14 +38,16 @@ def test_parquet_export_matches_one_ray_runs_parquet_export(tmp_path):
     out = tmp_path / "out" / "merged.parquet"
     process = [{"alphanumeric_filter": {"min_ratio": 0.5}}, {"text_length_filter": {"min_len": 12}}]
     config = elastic_recipe(tmp_path / "pq.yaml", data, out, tmp_path / "job", process=process)
-    run_elastic(config, tmp_path)
-    merged = pq.read_table(out)
-
     ref_config = reference_recipe(config, tmp_path / "ref")
     recipe = yaml.safe_load(ref_config.read_text())
     recipe["export_path"] = str(tmp_path / "ref" / "reference.parquet")
     ref_config.write_text(yaml.safe_dump(recipe, sort_keys=False))
-    done = dj_process("--config", str(ref_config), cwd=tmp_path, env={"DJ_ELASTIC_DISABLE": "1"})
+    with meanwhile(
+        lambda: dj_process("--config", str(ref_config), cwd=tmp_path, env={"DJ_ELASTIC_DISABLE": "1"})
+    ) as ref:
+        run_elastic(config, tmp_path)
+    merged = pq.read_table(out)
+    done = ref.result()
     assert done.returncode == 0, done.stderr[-5000:]
     reference = pq.read_table(tmp_path / "ref" / "reference.parquet")
 

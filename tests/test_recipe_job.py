@@ -28,6 +28,7 @@ from .reference import (
     dj_process,
     env_with,
     input_ids,
+    meanwhile,
     read_rows,
     run_reference,
 )
@@ -130,21 +131,28 @@ def test_prepare_refuses_a_global_op_a_typo_and_a_bad_value_writing_nothing(demo
 @pytest.mark.slow
 def test_readme_demo_command_and_dj_elastic_run_agree(demo):
     """README's demo: `dj-process --config configs/demo.yaml`; `dj-elastic run` is the same job."""
-    out = dj_process("--config", "configs/demo.yaml", cwd=demo)
-    assert out.returncode == 0, out.stderr[-5000:]
-    assert "PASS: 4 shards completed by 1 host(s)" in out.stderr
-    merged = (demo / "outputs" / "demo" / "demo.jsonl").read_bytes()
-    assert 0 < merged.count(b"\n") < 400  # the filters drop some of the 400 rows
-    # row for row what one plain executor_type: ray run of the same recipe gives, this package switched off
-    reference = run_reference(demo / "configs" / "demo.yaml", demo / "ref", cwd=demo)
-    dataset = demo / yaml.safe_load((demo / "configs" / "demo.yaml").read_text())["dataset_path"]
-    assert_matches_reference(read_rows(demo / "outputs" / "demo" / "demo.jsonl"), reference, input_ids(dataset))
-
     recipe = yaml.safe_load((demo / "configs" / "demo.yaml").read_text())
     recipe["export_path"] = "./outputs/again/demo.jsonl"
     recipe["elastic_shard"]["job_dir"] = "./outputs/again/job"
     (demo / "again.yaml").write_text(yaml.safe_dump(recipe))
-    run = dj_elastic("run", "--config", "again.yaml", cwd=demo)
+    # three independent runs at once: the demo, `dj-elastic run` of the same recipe into its own job dir, and
+    # one plain executor_type: ray run of the same recipe, this package switched off
+    with (
+        meanwhile(lambda: run_reference(demo / "configs" / "demo.yaml", demo / "ref", cwd=demo)) as reference,
+        meanwhile(lambda: dj_elastic("run", "--config", "again.yaml", cwd=demo)) as again,
+    ):
+        out = dj_process("--config", "configs/demo.yaml", cwd=demo)
+    assert out.returncode == 0, out.stderr[-5000:]
+    assert "PASS: 4 shards completed by 1 host(s)" in out.stderr
+    merged = (demo / "outputs" / "demo" / "demo.jsonl").read_bytes()
+    assert 0 < merged.count(b"\n") < 400  # the filters drop some of the 400 rows
+    # row for row what the plain ray run gives
+    dataset = demo / yaml.safe_load((demo / "configs" / "demo.yaml").read_text())["dataset_path"]
+    assert_matches_reference(
+        read_rows(demo / "outputs" / "demo" / "demo.jsonl"), reference.result(), input_ids(dataset)
+    )
+
+    run = again.result()
     assert run.returncode == 0, run.stderr[-5000:]
     assert (demo / "outputs" / "again" / "demo.jsonl").read_bytes() == merged
 

@@ -28,7 +28,7 @@ from data_juicer_elastic.prepare.parquet import read_descriptor, schema_of
 from data_juicer_elastic.prepare.source import s3_objects
 from tests.jobs import REPO, env_with, spawn_worker
 from tests.prep_helpers import request, run, shard_bytes, text_rows, write_rows
-from tests.reference import elastic_recipe, read_rows, run_elastic
+from tests.reference import elastic_recipe, meanwhile, read_rows, run_elastic
 from tests.s3server import s3_server, use_env
 from tests.test_prepare_parquet import _table, write_parquet
 
@@ -330,12 +330,16 @@ def test_dj_process_on_an_s3_prefix_merges_what_the_same_local_folder_gives(tmp_
     upload(s3, root, "e2e/ds")
     url = f"s3://{BUCKET}/e2e/ds/"
     process = [{"whitespace_normalization_mapper": None}, {"text_length_filter": {"min_len": 50}}]
-    outputs = {}
-    for name, dataset in (("local", str(root)), ("s3", url)):
+
+    def output(name: str, dataset: str) -> bytes:
         out = tmp_path / f"out-{name}" / "merged.jsonl"
         config = elastic_recipe(tmp_path / f"{name}.yaml", dataset, out, tmp_path / f"job-{name}", process)
         run_elastic(config, tmp_path, "--elastic_shard.num_shards", "3")
-        outputs[name] = out.read_bytes()
+        return out.read_bytes()
+
+    with meanwhile(lambda: output("local", str(root))) as local:
+        outputs = {"s3": output("s3", url)}
+    outputs["local"] = local.result()
     assert manifest_dict(tmp_path / "job-s3")["dataset_path"] == url
     rows = read_rows(tmp_path / "out-s3" / "merged.jsonl")
     assert 0 < len(rows) < 135 and all(len(r["text"]) >= 50 for r in rows)  # the filter ran: some rows dropped

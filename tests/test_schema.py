@@ -29,7 +29,7 @@ from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
 from data_juicer_elastic.ray_runner.arrow_schema import arrow_schema, shard_facts
 
 from .prep_helpers import shard_files, with_inline_shards
-from .reference import dj_process, read_rows, run_reference
+from .reference import dj_process, meanwhile, read_rows, run_reference
 
 G = 6  # rows per group; group g lands in shard g
 GROUPS = 5
@@ -234,9 +234,10 @@ def elastic_recipe(path: Path, recipe: dict, data: Path, job: Path, shards: int 
 
 def run_both(tmp: Path, recipe: dict, data: Path, shards: int = 4) -> tuple[list[dict], list[dict]]:
     config = elastic_recipe(tmp / "recipe.yaml", recipe, data, tmp / "job", shards)
-    out = dj_process("--config", str(config), cwd=tmp)
+    with meanwhile(lambda: run_reference(config, tmp / "ref", cwd=tmp)) as reference:
+        out = dj_process("--config", str(config), cwd=tmp)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
-    return read_rows(tmp / "merged.jsonl"), run_reference(config, tmp / "ref", cwd=tmp)
+    return read_rows(tmp / "merged.jsonl"), reference.result()
 
 
 @pytest.mark.slow

@@ -168,12 +168,18 @@ def gpu_ray(tmp_path):
             time.sleep(1)
         yield address
     finally:
+        # SIGTERM to `ray start` alone: it drains the node through its GCS, then stops its processes. A SIGTERM
+        # to the whole group stopped the GCS too, and the drain waited out its 30 s RPC timeout at every run.
         if head.poll() is None:
-            os.killpg(head.pid, signal.SIGTERM)
+            head.send_signal(signal.SIGTERM)
             try:
                 head.wait(60)
             except subprocess.TimeoutExpired:
-                os.killpg(head.pid, signal.SIGKILL)
+                pass
+        try:
+            os.killpg(head.pid, signal.SIGKILL)  # whatever of the group outlived it
+        except ProcessLookupError:
+            pass
         shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
