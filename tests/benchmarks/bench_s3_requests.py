@@ -1,7 +1,7 @@
 """S3 requests per shard, by operation and call site: prepare, W workers, merge (docs/OBJECT_STORE.md section 5).
 
     python tests/benchmarks/bench_s3_requests.py [--shards 1000,4000] [--workers 4] [--rows-per-shard 1]
-        [--latency-ms 0] [--sites 14] [--wall 200] [--json FILE]
+        [--latency-ms 0] [--sites 14] [--wall 200] [--json FILE] [--report FILE,FILE]
 
 Every figure is COUNTED, never timed: each process that talks to the store (this one for prepare and
 merge, one per worker) wraps botocore's ``Session.create_client`` so that every S3 client it makes, the
@@ -20,6 +20,8 @@ at the prices in ``PRICES`` from the largest size's per-shard figures.
 
 ``--wall N``: also time prepare + one worker + merge of an N-shard job on a local job dir and on the
 store (the server pausing ``--latency-ms`` before each request, e.g. 20), wall seconds only.
+
+``--report A.json,B.json``: no run, the report of sizes measured apart (each file a ``--json`` of one run).
 """
 
 from __future__ import annotations
@@ -324,10 +326,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sites", type=int, default=14, help="call sites listed per phase")
     parser.add_argument("--wall", type=int, default=0, help="also time an N-shard job: local vs the store")
     parser.add_argument("--json", help="also write each size's counts here, as soon as it is measured")
+    parser.add_argument("--report", help="comma-separated --json files: report them together, run nothing")
     parser.add_argument("--worker", nargs=3, metavar=("URL", "HOST", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         worker_main(*args.worker)
+        return 0
+    if args.report:
+        saved = [json.loads(Path(name).read_bytes()) for name in args.report.split(",")]
+        report({int(n): phases for got in saved for n, phases in got.items()}, args.sites)
         return 0
     from tests.s3server import s3_server
 
