@@ -266,10 +266,17 @@ def test_skewed_clock_on_s3_neither_steals_live_leases_nor_keeps_dead_ones(tmp_p
         assert_taken_over_after_timeout(job, SID, 1, last_beat)
     finally:
         kill_group(owner)
-    assert attempt_outcomes(job)[SID] == ["running", "done"], (logs / "rescuer.log").read_text()
+    # the rescuer's own attempt may lapse on a loaded machine (seen twice at load 30+, both +1h-others): it
+    # does not publish, releases its lease and claims the shard again; nothing is done twice either way
+    outcomes = attempt_outcomes(job)[SID]
+    lapsed = outcomes[1:-1]
+    assert outcomes[0] == "running" and outcomes[-1] == "done" and set(lapsed) <= {"superseded"}, (
+        logs / "rescuer.log"
+    ).read_text()
+    assert lapsed.count("superseded") == (logs / "rescuer.log").read_text().count("lease not renewed for")
     check_done_exactly_once(job)
     merge_and_check(job, tmp_path / "merged.jsonl")
-    record = load_attempt(job, SID, 1 if skewed == "owner" else 2)  # started_at: the worker's clock
+    record = load_attempt(job, SID, 1 if skewed == "owner" else len(outcomes))  # started_at: the worker's clock
     assert record is not None and abs(record.started_at - record.claimed_at - SHIFT[offset]) < 60, record
 
 
