@@ -12,8 +12,12 @@ from typing import Any
 
 import orjson
 
+from data_juicer_elastic.job.claims import lease_key
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.manifest import Policy
+from data_juicer_elastic.job.records._read import load_record
+from data_juicer_elastic.job.records.attempt import load_attempt
+from data_juicer_elastic.job.records.done import load_done
 from data_juicer_elastic.job.versions import current_versions
 from data_juicer_elastic.prepare.driver import PrepareRequest, prepare
 
@@ -181,7 +185,12 @@ def attempt_outcomes(job: JobDir) -> dict[str, list[str]]:
     """shard -> outcomes of attempts 1..last, so ``outcomes[n - 1]`` is attempt n's.
 
     "missing" marks an attempt without a folder or attempt.json (claimed, then killed before it wrote one).
+    A job dir on an object store is read through its store (``tests.cluster.outcomes``).
     """
+    if job.on_object_store:
+        from .cluster import outcomes  # tests.cluster imports this module
+
+        return outcomes(job)
     result: dict[str, list[str]] = {}
     for shard_dir in sorted(job.attempts_dir.iterdir()):
         numbers = [int(adir.name) for adir in shard_dir.iterdir()]
@@ -209,7 +218,12 @@ def settled_record(path: Path, settle_secs: float = 10.0) -> dict:
 
 
 def last_heartbeat(job: JobDir, sid: str, attempt: int) -> float:
-    """The mtime of a lease (its last renewal, by the shared filesystem's clock)."""
+    """The mtime of a lease (its last renewal, by the shared filesystem's clock; on an object store its
+    ``modified``, by the store's)."""
+    if job.on_object_store:
+        meta = job.store.head(lease_key(job, sid, attempt))
+        assert meta is not None, f"{sid}@{attempt}: no lease"
+        return meta.modified
     return os.lstat(job.claims_dir / f"{sid}@{attempt:04d}").st_mtime
 
 
@@ -218,6 +232,10 @@ def takeover_delay(job: JobDir, sid: str, dead_attempt: int, last_beat: float) -
 
     DESIGN invariant 3: a lease is taken over no earlier than ``lock_timeout_secs`` after its last renewal.
     """
+    if job.on_object_store:
+        record = load_attempt(job, sid, dead_attempt + 1)
+        assert record is not None, f"{sid}: attempt {dead_attempt + 1} has no record"
+        return record.claimed_at - last_beat
     info = orjson.loads((job.attempt_dir(sid, dead_attempt + 1) / "attempt.json").read_bytes())
     return info["claimed_at"] - last_beat
 
@@ -259,7 +277,9 @@ def spawn(cmd: list[str], *, log: Path | None = None, **env: str) -> subprocess.
 
 
 def done_attempts(job: JobDir) -> dict[str, int]:
-    """shard -> the attempt its done record names."""
+    """shard -> the attempt its done record names (read through the store on an object store)."""
+    if job.on_object_store:
+        return {sid: _done_attempt(job, sid) for sid in job.done_ids()}
     return {
         name[:-5]: orjson.loads((job.done_dir / name).read_bytes())["attempt"]
         for name in os.listdir(job.done_dir)
@@ -267,12 +287,19 @@ def done_attempts(job: JobDir) -> dict[str, int]:
     }
 
 
+def _done_attempt(job: JobDir, sid: str) -> int:
+    record = load_done(job, sid)
+    assert record is not None, sid
+    return record.attempt
+
+
 def check_done_exactly_once(job: JobDir) -> dict[str, int]:
     """Every shard has one done record and no other attempt of it claims to be done; returns done_attempts."""
     shards = [s.id for s in job.manifest().shards]
     done = done_attempts(job)
     assert sorted(done) == shards, f"missing done records: {sorted(set(shards) - set(done))}"
-    assert not os.listdir(job.failed_dir), os.listdir(job.failed_dir)
+    failed = job.failed_ids() if job.on_object_store else os.listdir(job.failed_dir)
+    assert not failed, failed
     for sid, outcomes in attempt_outcomes(job).items():
         winner = done[sid]
         others = [i + 1 for i, o in enumerate(outcomes) if o == "done" and i + 1 != winner]
@@ -288,7 +315,8 @@ def merge_and_check(job: JobDir, out: Path, expected: bytes | None = None) -> by
     merge(job, str(out), log=lambda *_: None)
     merged = out.read_bytes()
     assert merged == (input_bytes(job) if expected is None else expected)
-    record = orjson.loads(job.merge_record_path.read_bytes())
+    path = job.merge_record_path
+    record = load_record(job.store, job.key(path)) if job.on_object_store else orjson.loads(path.read_bytes())
     assert {s["shard"]: s["attempt"] for s in record["shards"]} == done_attempts(job)
     return merged
 

@@ -1,15 +1,19 @@
-"""Fixtures of the chaos suite: small disks (tmpfs) and a NAS-like shared mount (two sshfs mounts)."""
+"""Fixtures of the chaos suite: small disks (tmpfs), a NAS-like shared mount (two sshfs mounts), and a fresh
+prefix of a moto S3 server (``s3_url``: the job dir of the chaos tests on an object store)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+import uuid
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from ..require import in_ci, require
+from ..s3server import use_env
+from ..test_store_contract import BUCKET, moto_env  # noqa: F401 (moto_env: the server, one per module)
 from .sshfs import SshfsPair
 
 
@@ -59,3 +63,10 @@ def sshfs_pair(tmp_path_factory):
         yield pair
     finally:
         pair.stop()
+
+
+@pytest.fixture
+def s3_url(moto_env, monkeypatch) -> str:  # noqa: F811
+    """A fresh prefix of the server's bucket; this process and the nodes it starts talk to the server."""
+    use_env(monkeypatch, moto_env)
+    return f"s3://{BUCKET}/chaos/{uuid.uuid4().hex[:12]}"

@@ -4,6 +4,8 @@
 
 POINT is one of
   verified   the attempt's output was re-read and checked; the done record is not published yet
+  uploaded   the output is in the job dir too (uploaded, where the attempt ran in node-local scratch); no
+             done record yet
   published  the done record is published; attempt.json still says "running"
   copy       merge has copied half the shards' outputs into its temp file (flushed), not the rest
   merge      the merged temp file is complete and fsynced, not yet renamed into place
@@ -30,7 +32,6 @@ from data_juicer_elastic import merge as merge_mod
 from data_juicer_elastic.job.layout import SHARD_ID_RE, JobDir
 from data_juicer_elastic.prepare import driver as driver_mod
 from data_juicer_elastic.prepare import staging as staging_mod
-from data_juicer_elastic.storage import posix as posix_mod
 from data_juicer_elastic.worker import attempt as attempt_mod
 from data_juicer_elastic.worker.loop import run_worker
 
@@ -86,7 +87,7 @@ def signal_in_prepare(point: str, signum: int = signal.SIGKILL) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("point", choices=["verified", "published", "copy", "merge"])
+    p.add_argument("point", choices=["verified", "uploaded", "published", "copy", "merge"])
     p.add_argument("--job-dir", required=True)
     p.add_argument("--output", default=None)
     a = p.parse_args(argv)
@@ -101,16 +102,18 @@ def main(argv: list[str] | None = None) -> int:
             return digest
 
         attempt_mod.inspect_output = inspect_then_die
-    elif a.point == "published":
-        publish = posix_mod.publish_once  # under the store's create: the done record is published through it
+    elif a.point in ("uploaded", "published"):
+        publish = attempt_mod.publish_done  # on either store: the attempt publishes through it
 
-        def publish_then_die(path, data, **how):
-            won = publish(path, data, **how)
-            if won and Path(path).parent.name == "done" and _targeted(Path(path).name[:-5]):
+        def die_around_publish(job, record):
+            if a.point == "uploaded" and _targeted(record.shard):
+                _die()
+            won = publish(job, record)
+            if won and _targeted(record.shard):
                 _die()
             return won
 
-        posix_mod.publish_once = publish_then_die
+        attempt_mod.publish_done = die_around_publish
     else:
         job = JobDir(a.job_dir)
         if a.point == "copy":

@@ -13,25 +13,13 @@ from __future__ import annotations
 import os
 import re
 import signal
-import uuid
 from pathlib import Path
-
-import pytest
 
 from data_juicer_elastic.job.records.done import load_done
 from data_juicer_elastic.prepare.existing import prepared_shard_count
 
 from ..cluster import Cluster, count, done_hosts, finish, outcomes
 from ..jobs import wait_for
-from ..s3server import use_env
-from ..test_store_contract import BUCKET, moto_env  # noqa: F401 (moto_env: the server, one per module)
-
-
-@pytest.fixture
-def s3_url(moto_env, monkeypatch) -> str:  # noqa: F811
-    """A fresh prefix of the server's bucket; this process and the nodes it starts talk to the server."""
-    use_env(monkeypatch, moto_env)
-    return f"s3://{BUCKET}/chaos/{uuid.uuid4().hex[:12]}"
 
 
 def _nothing_local(c: Cluster, url: str) -> None:
