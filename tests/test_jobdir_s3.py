@@ -117,3 +117,26 @@ def test_loading_a_job_on_s3_reads_its_generation_record_once(tmp_path, moto_env
         monkeypatch.setattr(job.store, name, counted)
     assert job.manifest().recipe_sha256 and str(job.gen_dir).endswith(local.generation)
     assert asked == ["read"]
+
+
+def test_the_ray_runners_shard_facts_on_s3_head_the_manifest_once_a_process(tmp_path, moto_env, monkeypatch):  # noqa: F811
+    """manifest.json is created once on a store: the runner's look-ups per shard (facts, schema, block size)
+    read it once, not a HEAD each (3-4 a shard)."""
+    from data_juicer_elastic.ray_runner import arrow_schema
+
+    local = make_job(tmp_path, rows=30, shards=3)
+    url, _ = mirror(local, monkeypatch, moto_env)
+    job = JobDir(url)
+    heads: list[str] = []
+    head = job.store.head
+
+    def counted(key: str, *args, **kwargs):
+        if key.endswith("manifest.json"):
+            heads.append(key)
+        return head(key, *args, **kwargs)
+
+    monkeypatch.setattr(job.store, "head", counted)
+    facts = [arrow_schema.shard_facts(f"{s.id}.jsonl", job=job) for s in job.manifest().shards for _ in range(3)]
+    assert all(f is not None and f.longest_line for f in facts), facts
+    assert arrow_schema.recorded_columns(job) == local.manifest().columns
+    assert len(heads) <= 1, heads

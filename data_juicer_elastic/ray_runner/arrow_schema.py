@@ -5,8 +5,9 @@ so Ray infers nothing per shard: a column absent from one shard is null there,
 a column holding ints and floats anywhere is a float column everywhere, a
 string column stays a string column even where each of a shard's strings
 parses as a date, and objects carry the union of their fields. The manifest is
-read once per process and job (it is immutable: cached by its stat, on an
-object store by its version), never once per shard. A job dir prepared before
+read once per process and job (it is immutable: cached by its stat; on an
+object store, where ``manifest.json`` is created once and never replaced, by
+its prefix, without a HEAD per look-up), never once per shard. A job dir prepared before
 schema 5 records neither fact: its shards are read as before (Ray infers each
 one's schema, the shard is scanned for its longest line), and a log line says
 so once. A runner working in node-local scratch names the job (its shard file
@@ -79,6 +80,11 @@ def _stamp(job: JobDir) -> Any:
 
 def _job_facts(job: JobDir, log: Any) -> _JobFacts | None:
     root = str(job.root)
+    if job.on_object_store:  # manifest.json is created once there, never replaced: no HEAD per look-up
+        with _lock:
+            known = _cache.get(root)
+        if known is not None:
+            return known
     stamp = _stamp(job)
     if stamp is None:
         return None
