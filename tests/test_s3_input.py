@@ -25,7 +25,7 @@ from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.shard_table import TABLE_NAME
 from data_juicer_elastic.merge import merge
 from data_juicer_elastic.prepare.parquet import read_descriptor, schema_of
-from data_juicer_elastic.prepare.source import s3_objects
+from data_juicer_elastic.prepare.source import objects_for
 from tests.jobs import REPO, env_with, spawn_worker
 from tests.prep_helpers import request, run, shard_bytes, text_rows, write_rows
 from tests.reference import elastic_recipe, meanwhile, read_rows, run_elastic
@@ -51,9 +51,9 @@ def s3(moto_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator:
     import boto3
 
     use_env(monkeypatch, moto_env)
-    s3_objects.cache_clear()
+    objects_for.cache_clear()
     yield boto3.session.Session().client("s3")
-    s3_objects.cache_clear()
+    objects_for.cache_clear()
 
 
 def upload(client, root: Path, prefix: str) -> None:

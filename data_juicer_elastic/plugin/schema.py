@@ -13,6 +13,7 @@ from typing import Any, Literal, Optional, Union
 from jsonargparse.typing import ClosedUnitInterval, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
 from data_juicer_elastic.coordination.spec import JobSpec
+from data_juicer_elastic.errors import UserError
 from data_juicer_elastic.job.manifest import Policy
 from data_juicer_elastic.storage.settings import ADDRESSING_STYLES, DIALECTS, StorageSettings
 from data_juicer_elastic.worker.speculation import Speculation
@@ -184,14 +185,19 @@ def settings_from_cfg(cfg: Any) -> ElasticShardSettings:
     block = cfg.get(KEY) if hasattr(cfg, "get") else getattr(cfg, KEY, None)
     if block is None:
         return ElasticShardSettings()
-    values = _plain(block)
+    values = _plain(block, "elastic_shard", "the executor's settings")
     known = {f.name for f in fields(ElasticShardSettings)}
-    storage = StorageSettings(**{k: v for k, v in _plain(values.get(STORAGE)).items() if v is not None})
+    block = _plain(values.get(STORAGE), "elastic_shard.storage", "endpoint_url, region, addressing_style, dialect")
+    storage = StorageSettings(**{k: v for k, v in block.items() if v is not None})
     return ElasticShardSettings(**{k: v for k, v in values.items() if k in known and k != STORAGE}, storage=storage)
 
 
-def _plain(block: Any) -> dict[str, Any]:
-    """A (sub-)block as a dict: a jsonargparse Namespace, a dict, or nothing."""
+def _plain(block: Any, name: str, holds: str) -> dict[str, Any]:
+    """A (sub-)block as a dict: a jsonargparse Namespace, a dict, or nothing; another value is the user's error."""
     if block is None:
         return {}
-    return dict(block) if isinstance(block, dict) else dict(vars(block))
+    if isinstance(block, dict):
+        return dict(block)
+    if not hasattr(block, "__dict__"):  # `storage: "http://minio:9000"`: a value where a block belongs
+        raise UserError(f"{name}: got {block!r}; it is a block (a mapping) of {holds}")
+    return dict(vars(block))

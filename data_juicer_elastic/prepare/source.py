@@ -30,11 +30,18 @@ def split_s3_url(url: str) -> tuple[str, str]:
         raise UserError(str(exc)) from None
 
 
-@functools.cache
 def s3_objects():  # -> storage.s3.S3Objects (boto3 is imported only when an s3:// input is read)
+    """The input's client for this process's storage settings as they are now (a recipe's block, applied)."""
+    from data_juicer_elastic.storage.settings import StorageSettings
+
+    return objects_for(StorageSettings.from_env())
+
+
+@functools.cache
+def objects_for(settings):  # one client per settings: a later job's block is not read through an earlier one's
     from data_juicer_elastic.storage.s3 import S3Objects
 
-    return S3Objects()
+    return S3Objects(settings)
 
 
 def read_blocks(path: str, start: int, end: int, size: int) -> Iterator[bytes]:

@@ -65,9 +65,8 @@ class StorageSettings:
         """Make these the process's settings: written into the environment, which every store built from now
         on reads (``from_env``) and every child process inherits. A value left None keeps the environment's."""
         env = os.environ if environ is None else environ
-        if self.endpoint_url is not None:
-            for name in ENDPOINT_ENVS:
-                env[name] = self.endpoint_url
+        if self.endpoint_url is not None:  # S3's own variable only: the generic one would send STS there too
+            env[ENDPOINT_ENVS[0]] = self.endpoint_url
         if self.region is not None:
             for name in REGION_ENVS:
                 env[name] = self.region
