@@ -61,7 +61,7 @@ from data_juicer_elastic.parquet_out import PARQUET
 from data_juicer_elastic.storage.blocks import BLOCK, FileDigest, blocks, digest_blocks
 from data_juicer_elastic.storage.files import dumps_json
 from data_juicer_elastic.storage.keys import Entry, normalise_prefix
-from data_juicer_elastic.storage.s3_replies import _code
+from data_juicer_elastic.storage.s3_replies import _code, _refused
 from data_juicer_elastic.storage.urls import SCHEME, is_s3, split_s3
 
 if TYPE_CHECKING:
@@ -124,14 +124,17 @@ def stamp_of(url: str, folder: bool) -> dict[str, Any] | None:
 def open_upload(url: str, overwrite: bool, total: int) -> Any:
     """A ``MultipartWrite`` to ``url`` (stale uploads of a killed merge aborted first); an existing object is
     refused unless ``overwrite``, and replaced only if it is still the one seen here."""
-    from data_juicer_elastic.storage.s3_upload import MultipartWrite, abort_stale_uploads, part_size_for
+    from data_juicer_elastic.storage.s3_upload import MultipartWrite, Refused, abort_stale_uploads, part_size_for
 
     store, name = store_of(url, folder=False)
     seen = store.head(name)
     if seen is not None and not overwrite:
         raise _exists(url)
     abort_stale_uploads(store, name)
-    return MultipartWrite(store, name, seen.ver if seen else None, part_size_for(total))
+    try:
+        return MultipartWrite(store, name, seen.ver if seen else None, part_size_for(total))
+    except Refused as exc:  # OSS: an object appeared since the HEAD
+        raise _exists(url) from exc
 
 
 def complete(upload: Any, url: str) -> Stamp:
@@ -381,18 +384,23 @@ def _copy_part(
     copy |= {"Metadata": {SHA_META: part["sha256"]}, **({"IfMatch": seen.ver} if seen else {"IfNoneMatch": "*"})}
     copy |= {"CopySource": {"Bucket": job.store.bucket, "Key": job.store._full(job.key(path))}}
     copy |= {"CopySourceIfMatch": str(source["ETag"])}
+    from botocore.exceptions import ParamValidationError
+
+    target = f"{location(store.url)}/{part['file']}"
     try:
         if size > COPY_LIMIT:
             _copy_ranges(store, part["file"], copy, size)
         else:
             store.client.copy_object(**copy)
+    except ParamValidationError as exc:  # a botocore whose S3 model predates conditional copies
+        raise UserError(f"{target}: this botocore cannot send a conditional CopyObject ({exc}); upgrade boto3") from exc
     except store._client_error as exc:
-        if _code(exc) not in ("PreconditionFailed", "NoSuchUpload", "NoSuchKey"):
-            raise
+        if not (_refused(exc) or _code(exc) in ("ConditionalRequestConflict", "NoSuchUpload", "NoSuchKey")):
+            raise UserError(f"{target}: the store refused the copy from {path}: {exc}") from exc
         if _part_there(store, part):
             return False
         raise UserError(
-            f"{location(store.url)}/{part['file']}: another writer changed it during this export, or its source "
+            f"{target}: another writer changed it during this export, or its source "
             f"{path} changed ({_code(exc)}); nothing else was replaced: export again"
         ) from exc
     return True

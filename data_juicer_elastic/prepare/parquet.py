@@ -29,10 +29,12 @@ from __future__ import annotations
 
 import base64
 import bisect
+import contextlib
 import hashlib
 import itertools
 import os
 import struct
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,7 +83,8 @@ def read_layout(spec: InputSpec) -> FileLayout:
     import pyarrow.parquet as pq
 
     try:
-        md = pq.read_metadata(_source(spec.path, spec.seen.size))
+        with _source(spec.path, spec.seen.size) as src:
+            md = pq.read_metadata(src)
         schema = md.schema.to_arrow_schema()
     except (pa.ArrowException, OSError) as exc:
         raise UserError(f"{spec.path}: not a readable Parquet file ({exc}); rewrite it or remove it") from exc
@@ -109,9 +112,15 @@ def read_layout(spec: InputSpec) -> FileLayout:
     return FileLayout(tuple(rows), tuple(weights), tuple(starts), spec.seen.size, footer, schema)
 
 
-def _source(path: str, size: int) -> Any:
-    """What pyarrow reads: a local path as it is (pyarrow's own file), an s3:// object through ranged GETs."""
-    return open_input(path, size) if is_s3(path) else path
+@contextlib.contextmanager
+def _source(path: str, size: int) -> Iterator[Any]:
+    """What pyarrow reads: a local path as it is (pyarrow's own file), an s3:// object through ranged GETs,
+    closed on leaving (pyarrow leaves a file object it was given open: its GET body, until collected)."""
+    if not is_s3(path):
+        yield path
+        return
+    with open_input(path, size) as reader:
+        yield reader
 
 
 # --------------------------------------------------------------------------- schema
@@ -314,7 +323,7 @@ def read_descriptor(path: str, schema: Any) -> list[Any]:
                 "read it in place: restore it, or prepare the job again in a new job dir"
             )
         a, b = src["row_groups"]
-        with pq.ParquetFile(_source(p, now["size"])) as pf:
+        with _source(p, now["size"]) as where, pq.ParquetFile(where) as pf:
             table = pf.read_row_groups(list(range(a, b)))
         if table.num_rows != src["rows"]:
             raise PermanentError(f"{p}: row groups {a}..{b - 1} hold {table.num_rows} rows, prepare saw {src['rows']}")

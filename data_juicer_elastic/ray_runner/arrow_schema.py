@@ -80,16 +80,17 @@ def _stamp(job: JobDir) -> Any:
 
 def _job_facts(job: JobDir, log: Any) -> _JobFacts | None:
     root = str(job.root)
+    key = f"{job.store.endpoint} {root}" if job.on_object_store else root  # one bucket name, two endpoints
     if job.on_object_store:  # manifest.json is created once there, never replaced: no HEAD per look-up
         with _lock:
-            known = _cache.get(root)
+            known = _cache.get(key)
         if known is not None:
             return known
     stamp = _stamp(job)
     if stamp is None:
         return None
     with _lock:
-        known = _cache.get(root)
+        known = _cache.get(key)
         if known is not None and known.stamp == stamp:
             return known
         m = JobDir(job.root)._raw_manifest()  # afresh: the job dir may have been made again in place
@@ -108,7 +109,7 @@ def _job_facts(job: JobDir, log: Any) -> _JobFacts | None:
                 "recorded no input schema: each shard's schema is inferred from the shard alone, so a value "
                 "may depend on the shard it fell in; prepare a new job dir to read every shard alike"
             )
-        _cache[root] = facts = _JobFacts(stamp, m, options, schema)
+        _cache[key] = facts = _JobFacts(stamp, m, options, schema)
         return facts
 
 

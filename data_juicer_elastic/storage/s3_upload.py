@@ -89,7 +89,14 @@ class MultipartWrite:
         self.part_size = max(part_size, MIN_PART)
         self.client = store.client
         once = {"IfNoneMatch": "*"} if expect is None else {}  # the dialect's hook: OSS sends it, S3 drops it
-        resp = self.client.create_multipart_upload(Bucket=store.bucket, Key=self.full, Metadata=metadata or {}, **once)
+        try:
+            resp = self.client.create_multipart_upload(
+                Bucket=store.bucket, Key=self.full, Metadata=metadata or {}, **once
+            )
+        except store._client_error as exc:
+            if _refused(exc):  # OSS checks create-once at the start: an object appeared since the caller's HEAD
+                raise Refused(f"{store.url}/{self.key}: an object appeared before the upload began") from exc
+            raise
         self.upload_id: str | None = str(resp["UploadId"])
         self.buf = bytearray()
         self.sent: list[tuple[int, Future, str]] = []  # part number, its reply, the md5 of its bytes

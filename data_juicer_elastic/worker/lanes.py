@@ -212,7 +212,7 @@ class Lanes:
             k, self._first = self._first, None
             hint, tail = self._state(k)
             return None if k in self.done else Walk(k, hint, owner=True, marked=hint, other=tail)
-        self.done.update(k for k, (hint, tail) in self.job.lane_ends.items() if hint >= tail)  # seen by the sweep
+        self.done.update(k for k, (hint, tail) in list(self.job.lane_ends.items()) if hint >= tail)  # seen by the sweep
         open_lanes = [k for k in range(len(self.bounds)) if k not in self.done]
         others = [k for k in open_lanes if k != self._avoid] or open_lanes
         self._avoid = None
