@@ -24,7 +24,8 @@ from data_juicer_elastic.report import REPORT_NAME, write_report
 from data_juicer_elastic.storage.store import store_for
 from data_juicer_elastic.worker.loop import run_worker
 
-from .chaos.test_faults_s3 import _nothing_local, s3_url  # noqa: F401 (s3_url: a fresh prefix, the env set)
+from .chaos.conftest import s3_url  # noqa: F401 (s3_url: a fresh prefix, the env set)
+from .chaos.test_faults_s3 import _nothing_local
 from .cluster import Cluster, finish
 from .jobs import REPO, env_with, make_job
 from .runners import story
