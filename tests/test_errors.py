@@ -16,6 +16,7 @@ from data_juicer_elastic.jsonl import LineProblem
 from data_juicer_elastic.prepare.pool import _portable, _relinked
 from data_juicer_elastic.prepare.shards import _ShortRead
 from data_juicer_elastic.prepare.split import TooFewRows
+from data_juicer_elastic.storage.dialects import NoCompareAndSwap
 from data_juicer_elastic.storage.files import disk_full_in
 from data_juicer_elastic.storage.probe import StoreRefused
 from data_juicer_elastic.storage.s3_upload import Refused
@@ -47,6 +48,7 @@ def _samples() -> list[BaseException]:
         Fenced(),
         StoreRefused("s3://bucket/job at http://127.0.0.1:9000 lets a second create-once write through"),
         Refused("s3://bucket/out/merged.jsonl: exists; pass --overwrite to replace it"),
+        NoCompareAndSwap("dialect oss: a PutObject with If-Match cannot be sent; the job dir cannot be on OSS"),
     ]
 
 
