@@ -1,9 +1,14 @@
 """A moto S3 server in its own process, for the object-store tests (docs/OBJECT_STORE.md section 6).
 
-moto's WSGI app is served by a **single-threaded** werkzeug server: moto
-checks ``If-None-Match``/``If-Match`` and then writes, without a lock, so only
-serialised requests make that check-then-write atomic (a threaded server could
-let two racing creates both win). Optional WSGI middleware, per server:
+moto checks ``If-None-Match``/``If-Match`` and then writes, without a lock, so
+only serialised requests make that check-then-write atomic (two racing creates
+could both win). The werkzeug server is threaded, but moto runs one request at
+a time (``Serialised``): each request's body is read in its own thread first,
+and the answer is written after, so a client stopped mid-request (SIGSTOP, a
+kill) holds up only its own connection, as on a real store; a single-threaded
+server waited for the rest of that request and every other client's timed out
+(tests/chaos/test_chaos_s3.py's stalled worker, 1 run in 3). Optional WSGI
+middleware, per server:
 
 * ``strip``: request headers removed before moto sees them (``If-None-Match``
   plays a store that ignores create-once; the probe must refuse it);
@@ -31,6 +36,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -85,6 +91,21 @@ class Middleware:
         if self.completed is None or environ.get("REQUEST_METHOD") != "POST":
             return None
         return parse_qs(environ.get("QUERY_STRING", "")).get("uploadId", [None])[0]
+
+
+class Serialised:
+    """moto one request at a time; the request's body read before, and the answer sent after, outside the lock."""
+
+    def __init__(self, app: Callable[..., Iterable[bytes]]):
+        self.app, self.lock = app, threading.Lock()
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        length = environ.get("CONTENT_LENGTH")
+        stream = environ["wsgi.input"]
+        body = stream.read(int(length)) if length else stream.read() if environ.get("wsgi.input_terminated") else b""
+        environ["wsgi.input"] = io.BytesIO(body)
+        with self.lock:
+            return list(self.app(environ, start_response))
 
 
 def _quiet_handler() -> type:
@@ -202,14 +223,15 @@ def _list_moto_modules_once() -> None:
 
 
 def serve(strip: Iterable[str], latency_ms: float, forget_completed: bool = False) -> None:
-    """Serve moto on a free port of 127.0.0.1, one request at a time; print the port; stop when stdin closes."""
+    """Serve moto on a free port of 127.0.0.1, one request at a time (``Serialised``); print the port; stop when
+    stdin closes."""
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
     from werkzeug.serving import make_server
 
     install_sorted_listing()
     _list_moto_modules_once()
     app = Middleware(DomainDispatcherApplication(create_backend_app), strip, latency_ms, forget_completed)
-    server = make_server("127.0.0.1", 0, app, threaded=False, request_handler=_quiet_handler())
+    server = make_server("127.0.0.1", 0, Serialised(app), threaded=True, request_handler=_quiet_handler())
     threading.Thread(target=_exit_on_eof, daemon=True).start()
     print(f"port {server.server_port}", flush=True)
     server.serve_forever()
