@@ -105,16 +105,26 @@ def test_random_kills_and_restarts_on_s3_lose_nothing(tmp_path, s3_url):
     live = [start() for _ in range(4)]
     signalled: list[tuple[object, int, bool, bool]] = []  # process, signal, job done by then, handler in place
     deadline = time.monotonic() + 150
+    landed = False
     try:
         while len(signalled) < 16 and len(job.done_ids()) < 32:
             assert time.monotonic() < deadline, f"seed {seed}: the kills did not end"
             time.sleep(rng.uniform(1.0, 2.5))  # past a new worker's start (boto3, the probe) most times
-            victim = rng.choice([p for p in live if p.poll() is None] or [None])
+            inside = None
+            if not landed:  # SIGKILL a worker inside a shard until one kill lands there, whatever the load
+                victim, *inside = wait_for(lambda: _running_worker(job, live), "a worker inside a shard", timeout=120)
+                sig = signal.SIGKILL
+            else:
+                victim = rng.choice([p for p in live if p.poll() is None] or [None])
+                sig = rng.choice([signal.SIGKILL, signal.SIGTERM])
             if victim is None:
                 break
-            sig = rng.choice([signal.SIGKILL, signal.SIGTERM])
             handled = catches(victim.pid, sig)
             kill_group(victim, sig)
+            if inside:
+                victim.wait(timeout=60)
+                record = load_attempt(job, *inside)
+                landed = record is not None and record.outcome == "running"  # not finished before the kill
             signalled.append((victim, sig, len(job.done_ids()) == 32, handled))
             live.remove(victim)
             live.append(start())
@@ -140,6 +150,18 @@ def test_random_kills_and_restarts_on_s3_lose_nothing(tmp_path, s3_url):
     assert len(signalled) >= 4, f"seed {seed}: the job finished before the driver got going"
     assert cut >= 1, f"seed {seed}: no kill landed inside a shard"
     assert job_status(job).complete
+
+
+def _running_worker(job: JobDir, live: list) -> tuple[object, str, int] | None:
+    """A live worker whose latest attempt record of some shard says it is running that shard now: the worker,
+    the shard, the attempt."""
+    pids = {p.pid: p for p in live if p.poll() is None}
+    for shard in job.store.names(job.key(job.attempts_dir)):
+        numbers = [int(n) for n in job.store.names(job.key(job.attempts_dir / shard)) if n.isdigit()]
+        record = load_attempt(job, shard, max(numbers)) if numbers else None
+        if record is not None and record.outcome == "running" and record.pid in pids:
+            return pids[record.pid], shard, max(numbers)
+    return None
 
 
 # racing takeovers -----------------------------------------------------------------------------------------
