@@ -11,6 +11,7 @@ lease may look stale), which a loaded 2-core machine with a single-threaded serv
 
 from __future__ import annotations
 
+import functools
 import multiprocessing as mp
 import os
 import random
@@ -40,10 +41,9 @@ from ..jobs import (
     spawn,
     spawn_worker,
     wait_for,
-    worker_cmd,
 )
 from ..require import require
-from .test_clock_skew import FAKE_ENV, _skewed
+from .test_clock_skew import skewed_owner_then_rescuer
 from .test_faults import TARGET, _racer, catches
 
 LEASE = {"lock_timeout_secs": 6.0, "heartbeat_secs": 0.5, "poll_interval_secs": 0.1}
@@ -268,28 +268,10 @@ def test_skewed_clock_on_s3_neither_steals_live_leases_nor_keeps_dead_ones(tmp_p
     require(shutil.which("faketime") is not None, "libfaketime (apt-get install faketime)")
     job = _s3_job(tmp_path, s3_url, rows=10, shards=1)
     logs = tmp_path / "logs"
-    logs.mkdir()
-
-    def worker(skew: bool, name: str, *extra: str, **env: str):
-        cmd = worker_cmd(job, "slow_copy", *extra)
-        return spawn(_skewed(offset, cmd[3:]) if skew else cmd, log=logs / f"{name}.log", **FAKE_ENV, **env)
-
-    owner = worker(skewed == "owner", "owner", DJE_TEST_SLEEP="120", DJ_ELASTIC_HOSTNAME="owner")
-    try:
-        wait_for(lambda: _claims(job), "the owner's lease", proc=owner, log=logs / "owner.log")
-        first = last_heartbeat(job, SID, 1)
-        wait_for(lambda: last_heartbeat(job, SID, 1) >= first + 2, "renewals", proc=owner, log=logs / "owner.log")
-        observer = worker(skewed == "others", "observer", "--stop-when-idle")
-        assert observer.wait(timeout=90) == 1, (logs / "observer.log").read_text()
-        assert _claims(job) == [f"{SID}@0001"], "a live lease was stolen"
-        kill_group(owner, signal.SIGKILL)
-        owner.wait(timeout=120)
-        last_beat = last_heartbeat(job, SID, 1)
-        rescuer = worker(skewed == "others", "rescuer", DJE_TEST_SLEEP="0")
-        assert rescuer.wait(timeout=90) == 0, (logs / "rescuer.log").read_text()
-        assert_taken_over_after_timeout(job, SID, 1, last_beat)
-    finally:
-        kill_group(owner)
+    claims = functools.partial(_claims, job)  # a lease named: the owner's attempt has begun
+    skewed_owner_then_rescuer(
+        job, logs, offset, skewed, owner_sleep="120", running=claims, claims=claims, renewed=2, wait=90
+    )
     # the rescuer's own attempt may lapse on a loaded machine (seen twice at load 30+, both +1h-others): it
     # does not publish, releases its lease and claims the shard again; nothing is done twice either way
     outcomes = attempt_outcomes(job)[SID]

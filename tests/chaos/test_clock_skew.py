@@ -74,7 +74,31 @@ def test_what_libfaketime_fakes(tmp_path):
 def test_skewed_clock_neither_steals_live_leases_nor_keeps_dead_ones(tmp_path, offset, skewed):
     job = make_job(tmp_path, rows=10, shards=1, lock_timeout_secs=2.0, heartbeat_secs=0.2)
     sid = "part-00000-of-00001"
-    logs = tmp_path / "logs"
+    skewed_owner_then_rescuer(
+        job,
+        tmp_path / "logs",
+        offset,
+        skewed,
+        owner_sleep="60",
+        running=(job.attempts_dir / sid / "0001" / "started").exists,
+        claims=lambda: os.listdir(job.claims_dir),
+        renewed=0.4,
+        wait=60,
+    )
+    assert attempt_outcomes(job)[sid] == ["running", "done"]
+    check_done_exactly_once(job)
+    merge_and_check(job, tmp_path / "merged.jsonl")
+
+
+def skewed_owner_then_rescuer(
+    job, logs, offset: str, skewed: str, *, owner_sleep: str, running, claims, renewed: float, wait: float
+) -> float:
+    """The scenario of both clock-skew tests (here and tests/chaos/test_chaos_s3.py), with ``skewed`` ("owner"
+    or "others") an ``offset`` off: the owner's lease, renewed by ``renewed`` seconds, is left alone by an
+    observer on the other clock; the owner dies; a rescuer on the other clock takes the lease over after
+    ``lock_timeout``, not an hour off. ``running``: the owner's attempt has begun; ``claims``: the lease
+    names. Returns the owner's last heartbeat."""
+    sid = job.manifest().shards[0].id
     logs.mkdir()
 
     def worker(skew: bool, name: str, *extra: str, **env: str):
@@ -84,25 +108,23 @@ def test_skewed_clock_neither_steals_live_leases_nor_keeps_dead_ones(tmp_path, o
         return spawn(cmd, log=logs / f"{name}.log", **FAKE_ENV, **env)
 
     # another host than the rescuer's, which could otherwise prove the killed owner gone and take over at once
-    owner = worker(skewed == "owner", "owner", DJE_TEST_SLEEP="60", DJ_ELASTIC_HOSTNAME="owner")
+    owner = worker(skewed == "owner", "owner", DJE_TEST_SLEEP=owner_sleep, DJ_ELASTIC_HOSTNAME="owner")
     try:
-        wait_for((job.attempts_dir / sid / "0001" / "started").exists, timeout=60)
+        wait_for(running, "the owner's attempt", timeout=60, proc=owner, log=logs / "owner.log")
         first = last_heartbeat(job, sid, 1)
         # a few heartbeats, stamped by whatever clock renews them
-        wait_for(lambda: last_heartbeat(job, sid, 1) >= first + 0.4, timeout=60)
+        wait_for(lambda: last_heartbeat(job, sid, 1) >= first + renewed, "renewals", proc=owner, log=logs / "owner.log")
         # a worker on the other clock finds the lease live and leaves it alone
         observer = worker(skewed == "others", "observer", "--stop-when-idle")
-        assert observer.wait(timeout=60) == 1, (logs / "observer.log").read_text()
-        assert os.listdir(job.claims_dir) == [f"{sid}@0001"], "a live lease was stolen"
+        assert observer.wait(timeout=wait) == 1, (logs / "observer.log").read_text()
+        assert claims() == [f"{sid}@0001"], "a live lease was stolen"
         # the owner dies: its lease goes stale after lock_timeout, not an hour later, whoever judges it
         kill_group(owner, signal.SIGKILL)
         owner.wait(timeout=120)
         last_beat = last_heartbeat(job, sid, 1)
         rescuer = worker(skewed == "others", "rescuer", DJE_TEST_SLEEP="0")
-        assert rescuer.wait(timeout=60) == 0, (logs / "rescuer.log").read_text()
+        assert rescuer.wait(timeout=wait) == 0, (logs / "rescuer.log").read_text()
         assert_taken_over_after_timeout(job, sid, 1, last_beat)
     finally:
         kill_group(owner)
-    assert attempt_outcomes(job)[sid] == ["running", "done"]
-    check_done_exactly_once(job)
-    merge_and_check(job, tmp_path / "merged.jsonl")
+    return last_beat
