@@ -158,11 +158,10 @@ def _running_worker(job: JobDir, live: list) -> tuple[object, str, int] | None:
     """A live worker whose latest attempt record of some shard says it is running that shard now: the worker,
     the shard, the attempt."""
     pids = {p.pid: p for p in live if p.poll() is None}
-    for shard in job.store.names(job.key(job.attempts_dir)):
-        numbers = [int(n) for n in job.store.names(job.key(job.attempts_dir / shard)) if n.isdigit()]
-        record = load_attempt(job, shard, max(numbers)) if numbers else None
-        if record is not None and record.outcome == "running" and record.pid in pids:
-            return pids[record.pid], shard, max(numbers)
+    for shard, outcomes in attempt_outcomes(job).items():
+        record = load_attempt(job, shard, len(outcomes)) if outcomes and outcomes[-1] == "running" else None
+        if record is not None and record.pid in pids:
+            return pids[record.pid], shard, len(outcomes)
     return None
 
 
