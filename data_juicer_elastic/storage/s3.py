@@ -91,6 +91,8 @@ class _Beat:
 class S3Store:
     """The job dir as the keys under ``s3://bucket/prefix``."""
 
+    stamp_resolution = 1.0  # Last-Modified and Date are whole seconds: an age reads up to 1 s over
+
     def __init__(self, bucket: str, prefix: str = "", settings: StorageSettings | None = None) -> None:
         settings = StorageSettings.from_env() if settings is None else settings
         self.bucket, self.prefix, self.dialect = bucket, normalise_prefix(prefix), settings.dialect_name
