@@ -15,11 +15,14 @@ from botocore.exceptions import ReadTimeoutError
 
 from data_juicer_elastic.job.claims import ClaimStore
 from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.job.records.attempt import load_attempt
 from data_juicer_elastic.storage.refresher import LeaseRefresher
 from data_juicer_elastic.storage.s3 import S3Store
 from data_juicer_elastic.storage.store import store_for
+from data_juicer_elastic.worker.loop import run_worker
 
 from .jobs import make_job, wait_for
+from .runners import copy
 from .s3server import s3_server, use_env
 from .test_jobdir_s3 import mirror
 from .test_store_contract import BUCKET
@@ -134,3 +137,25 @@ def test_a_foreign_write_after_an_unanswered_beat_is_still_lost(moto_env, monkey
     theirs = store.read(KEY)
     assert store.renew(KEY, meta.ver) is None
     assert store.read(KEY)[0] == theirs[0] and store.head(KEY).ver == theirs[1].ver
+
+
+def test_a_store_error_while_publishing_fails_the_attempt_not_the_worker(tmp_path, moto_env, monkeypatch):
+    """The done record's PUT goes to a server that was stopped (connection refused): the attempt fails,
+    recorded so, and the worker ends on its own terms (exit 2, the shard failed), not on the store's error."""
+    url, _ = mirror(make_job(tmp_path, rows=4, shards=1, max_retries=0), monkeypatch, moto_env)
+    with s3_server(BUCKET) as stopped:
+        dead = stopped["AWS_ENDPOINT_URL"]
+    job = JobDir(url)
+    live = job.store.endpoint.rstrip("/")
+
+    def to_the_stopped_server(request, **kwargs) -> None:
+        if "/done/" in request.url:
+            request.url = request.url.replace(live, dead.rstrip("/"), 1)
+
+    job.store.client.meta.events.register_first("before-send.s3.PutObject", to_the_stopped_server)
+    result = run_worker(job, copy, host="node-a", log=lambda *_: None)
+    assert result.exit_code == 2 and not result.completed, result
+    sid = job.manifest().shards[0].id
+    record = load_attempt(job, sid, 1)
+    assert record is not None and record.outcome == "failed" and "Could not connect" in (record.error or "")
+    assert not job.done_ids()
