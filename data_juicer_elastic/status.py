@@ -290,7 +290,7 @@ def _lease_state(store: ClaimStore, s: ShardStatus, now: float) -> None:
         s.state = "pending"  # released: claimable at once
     else:
         s.heartbeat_age_secs = round(age, 1)
-        s.state = "running" if age < store.lock_timeout else "stale"
+        s.state = "running" if store.fresh(age) else "stale"
 
 
 def backup_view(job: JobDir, store: ClaimStore, book: RateBook, done: set[str], s: ShardStatus, now: float) -> dict:

@@ -183,7 +183,12 @@ class ClaimStore:
     def is_live(self, shard: str, attempt: int, now: float) -> bool:
         """Renewed within ``lock_timeout``, and not held by a process of this host that is provably gone."""
         age = self.heartbeat_age(shard, attempt, now)
-        return age is not None and age < self.lock_timeout and not self.holder_gone(shard, attempt)
+        return age is not None and self.fresh(age) and not self.holder_gone(shard, attempt)
+
+    def fresh(self, age: float) -> bool:
+        """The one judge of staleness: an age read on the store is fresh below ``lock_timeout`` plus the
+        store's stamp resolution (S3's whole seconds read a lease renewed 1.2 s ago as 2 s old)."""
+        return age < self.lock_timeout + self.store.stamp_resolution
 
     def holder_gone(self, shard: str, attempt: int) -> bool:
         """Is the lease's holder a process of this host that no longer runs (``storage.host.holder_gone``)?

@@ -277,7 +277,7 @@ def read_attempt(job: JobDir, sid: str, n: int, now: float, notes: list[str]) ->
     outcome = _OUTCOME_OF.get(info.outcome) if info.outcome else None
     if outcome is None:  # "running" or nothing: alive if its lease is still renewed, else lost
         beat = _lease_mtime(job, sid, n)
-        live = beat is not None and now - beat < _lock_timeout(job)
+        live = beat is not None and now - beat < _lock_timeout(job) + job.store.stamp_resolution  # as ClaimStore.fresh
         outcome = "running" if live else "lost"
         end = now if live else max(beat or start, start)
     else:

@@ -68,6 +68,7 @@ class PosixStore:
         return f"PosixStore({str(self.root)!r})"
 
     errors: tuple[type[Exception], ...] = (OSError,)
+    stamp_resolution = 0.01  # an mtime and the clock probe's are both the kernel's coarse clock: a tick apart
 
     def describe(self) -> str:
         return str(self.root)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import io
 import os
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from data_juicer_elastic.storage import dialects
 from data_juicer_elastic.storage.blocks import BLOCK
 from data_juicer_elastic.storage.files import dumps_json, rename_staged, stage_blocks
 from data_juicer_elastic.storage.keys import Entry, Meta, Ver, is_internal, normalise_key, normalise_prefix
+from data_juicer_elastic.storage.s3_beats import Beat, BeatBook, next_body
 from data_juicer_elastic.storage.s3_replies import (
     RELEASED_META,
     _code,
@@ -49,7 +49,6 @@ from data_juicer_elastic.storage.settings import StorageSettings
 CLOCK_KEY = ".clock"  # HEADed (never written) for the store's Date: a 404 carries one too
 CONFLICT_TRIES = 5  # 409 ConditionalRequestConflict: a concurrent conditional write; S3 asks for a retry
 RETRIES = {"mode": "standard", "max_attempts": 5}  # botocore's own retries of a send, bounded
-BEATS_KEPT = 1024  # lease bodies remembered for renew (one per lease renewed; a release forgets its own)
 READ_WINDOW_FIRST = 64 << 10  # an input's first ranged GET: a line start is usually found in it
 READ_WINDOW_MAX = 16 << 20  # ... each next one 4x larger, up to this
 
@@ -77,19 +76,10 @@ class _Body(io.RawIOBase):
 CONTENT_TYPES = {"html": "text/html; charset=utf-8", "json": "application/json"}
 
 
-@dataclass(frozen=True)
-class _Beat:
-    """A lease as this process last wrote or read it: renew's next body without a GET per beat."""
-
-    ver: Ver
-    body: dict[str, Any]
-    released: bool
-    store_time: float  # the response's Date ...
-    mono: float  # ... and this process's monotonic clock when it arrived: the writer's estimate of the store clock
-
-
 class S3Store:
     """The job dir as the keys under ``s3://bucket/prefix``."""
+
+    stamp_resolution = 1.0  # Last-Modified and Date are whole seconds: an age reads up to 1 s over
 
     def __init__(self, bucket: str, prefix: str = "", settings: StorageSettings | None = None) -> None:
         settings = StorageSettings.from_env() if settings is None else settings
@@ -98,8 +88,7 @@ class S3Store:
         from botocore.exceptions import BotoCoreError
 
         self.errors: tuple[type[Exception], ...] = (OSError, self._client_error, BotoCoreError)
-        self._beats: dict[str, _Beat] = {}  # by full key; renew threads of one process share the store
-        self._beats_lock = threading.Lock()
+        self._beats = BeatBook()  # by full key: the last beat of each lease, and the beats in flight
 
     def __repr__(self) -> str:
         return f"S3Store({self.bucket!r}, {self.prefix!r}, {self.endpoint!r})"
@@ -136,20 +125,29 @@ class S3Store:
         return self._put(self._full(normalise_key(key)), data, {} if if_ver is None else {"IfMatch": if_ver})
 
     def renew(self, key: str, ver: Ver) -> Ver | None:
+        """An If-Match PUT of the next beat, its body carrying a fresh ``beat_token``; where the ETag moved,
+        a body with a token this process sent (a beat that landed while its reply was lost, in this call or
+        an earlier one) is ours: its ETag is adopted and the beat sent again over it (``s3_beats``)."""
         full = self._full(normalise_key(key))
-        beat = self._beat(full, ver)
-        if beat is None or beat.released:
-            self._forget(full)
-            return None
-        writer_time = beat.store_time + (time.monotonic() - beat.mono)  # diagnostics only: nobody ages by it
-        body = {**beat.body, "beat": _count(beat.body.get("beat")) + 1, "writer_time": round(writer_time, 3)}
-        resp = self._put_resp(full, dumps_json(body), {"IfMatch": ver})
-        if resp is None:
-            self._forget(full)
-            return None
-        new = str(resp["ETag"])
-        self._remember(full, _Beat(new, body, False, _date(resp), time.monotonic()))
-        return new
+        beat = self._beat(full, ver) or self._landed(full)
+        for _ in range(2):  # the second: over our own landed beat, once
+            if beat is None or beat.released:
+                break
+            body = next_body(beat)
+            self._beats.sending(full, body["beat_token"])
+            resp = self._put_resp(full, dumps_json(body), {"IfMatch": beat.ver})
+            if resp is not None:
+                new = str(resp["ETag"])
+                self._beats.remember(full, Beat(new, body, False, _date(resp), time.monotonic()))
+                return new
+            beat = self._landed(full)
+        self._beats.forget(full)
+        return None
+
+    def _landed(self, full: str) -> Beat | None:
+        """The lease as it stands if it holds a beat this process sent (one GET), else None: a foreign write."""
+        beat = self._beat(full, None)
+        return beat if beat is not None and self._beats.ours(full, beat.body) else None
 
     def release(self, key: str, ver: Ver | None = None) -> bool:
         """One If-Match PUT of the body marked released; without ``ver``, the body and ETag a GET finds
@@ -157,7 +155,7 @@ class S3Store:
         full = self._full(normalise_key(key))
         for _ in range(1 if ver is not None else CONFLICT_TRIES):
             beat = self._beat(full, ver)
-            self._forget(full)
+            self._beats.forget(full)
             if beat is None:
                 return False
             if beat.released:
@@ -326,10 +324,9 @@ class S3Store:
                 return None
             raise
 
-    def _beat(self, full: str, ver: Ver | None) -> _Beat | None:
+    def _beat(self, full: str, ver: Ver | None) -> Beat | None:
         """The lease at ``full`` if it still has ``ver`` (any version when None): from memory, else one GET."""
-        with self._beats_lock:
-            beat = self._beats.get(full)
+        beat = self._beats.get(full)
         if beat is not None and ver is not None and beat.ver == ver:
             return beat
         got = self._get(full, ver)
@@ -342,18 +339,7 @@ class S3Store:
         if not isinstance(body, dict):
             raise ValueError(f"s3://{self.bucket}/{full}: renew and release take a lease (a JSON object)")
         released = _released(got[1]) or body.get("released") is True
-        return _Beat(str(got[1]["ETag"]), body, released, _date(got[1]), time.monotonic())
-
-    def _remember(self, full: str, beat: _Beat) -> None:
-        with self._beats_lock:
-            self._beats.pop(full, None)
-            self._beats[full] = beat  # newest last, so the oldest is dropped first
-            while len(self._beats) > BEATS_KEPT:
-                del self._beats[next(iter(self._beats))]
-
-    def _forget(self, full: str) -> None:
-        with self._beats_lock:
-            self._beats.pop(full, None)
+        return Beat(str(got[1]["ETag"]), body, released, _date(got[1]), time.monotonic())
 
 
 @dataclass(frozen=True)
@@ -460,7 +446,3 @@ def s3_client(settings: StorageSettings) -> tuple[Any, type[Exception]]:
     )
     dialects.install(client, settings.dialect_name)
     return client, ClientError
-
-
-def _count(beat: Any) -> int:
-    return beat if type(beat) is int else 0

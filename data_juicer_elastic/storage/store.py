@@ -35,6 +35,10 @@ class Store(Protocol):
     also botocore's errors once its retries are spent. A caller that outlives a flaky store (the lease
     refresher) catches these and tries again; anything else is a bug and propagates."""
 
+    stamp_resolution: float
+    """Seconds a stamp may read off by, from rounding (S3: ``Last-Modified`` and ``Date`` are whole seconds, so an
+    age reads up to 1 s over; POSIX: a kernel tick): a lease is stale only past its timeout plus this."""
+
     def describe(self) -> str:
         """Where the store is, as messages name it (a path; an s3:// URL and its endpoint)."""
         ...

@@ -274,8 +274,11 @@ class Attempt:
             worker=self.store.ledger.worker,
             **op_totals(self.files.path),
         )
-        with space_for(self.job.done_path(record.shard)):
-            published = publish_done(self.job, record)
+        try:
+            with space_for(self.job.done_path(record.shard)):
+                published = publish_done(self.job, record)
+        except self.job.store.errors as exc:  # the endpoint down, a mount gone: this attempt ends, not the worker
+            return self._unpublished(exc)
         if not published:
             return self._fenced()
         spec = self.job.shard(record.shard)
@@ -298,6 +301,16 @@ class Attempt:
             + (dropped if record.error_rows else "")
         )
         return "done"
+
+    def _unpublished(self, exc: Exception) -> str:
+        """A store error while publishing: the attempt fails and is retried like any failure; where even its
+        failure cannot be recorded, nothing is released and its lease lapses, so another attempt retries."""
+        self.log(f"{self.name}: its done record could not be published ({one_line(str(exc), 300)})")
+        try:
+            return self._failed(exc)
+        except self.job.store.errors as again:
+            self.log(f"{self.name}: its failure not recorded either ({one_line(str(again), 300)}); its lease lapses")
+            return "failed"
 
     def _failed(self, exc: Exception, terminal: bool = False) -> str:
         error = one_line(f"{type(exc).__name__}: {exc}")  # the whole traceback goes to the attempt's log
