@@ -278,7 +278,16 @@ class Attempt:
             with space_for(self.job.done_path(record.shard)):
                 published = publish_done(self.job, record)
         except self.job.store.errors as exc:  # the endpoint down, a mount gone: this attempt ends, not the worker
-            return self._unpublished(exc)
+            landed = self._landed(record)
+            if landed is None:
+                self.log(
+                    f"{self.name}: its done record could not be published ({one_line(str(exc), 300)}) nor "
+                    "read back; its lease lapses and another attempt decides"
+                )
+                return "failed"
+            if not landed:
+                return self._unpublished(exc)
+            published = True  # the PUT landed, its answer was lost: ours
         if not published:
             return self._fenced()
         spec = self.job.shard(record.shard)
@@ -301,6 +310,15 @@ class Attempt:
             + (dropped if record.error_rows else "")
         )
         return "done"
+
+    def _landed(self, record: DoneRecord) -> bool | None:
+        """After a failed publish: did our done record land anyway (a reply lost)? None when the store cannot
+        tell now; then no failure is recorded, so a terminal failure never sits beside a landed done record."""
+        try:
+            there = load_done(self.job, record.shard)
+        except (IntegrityError, *self.job.store.errors):
+            return None
+        return there is not None and there.attempt == record.attempt and there.sha256 == record.sha256
 
     def _unpublished(self, exc: Exception) -> str:
         """A store error while publishing: the attempt fails and is retried like any failure; where even its
