@@ -141,7 +141,12 @@ def _retry_args(p: ArgumentParser) -> None:
 def _merge_args(p: ArgumentParser) -> None:
     _job_dir_arg(p)
     p.add_argument("--output", required=True, help="the merged JSONL file to write")
-    p.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace whatever is at --output; without it an output no merge of this job dir wrote is refused, "
+        "and this job's own earlier output (another generation's) is replaced, saying so",
+    )
 
 
 def _verify_args(p: ArgumentParser) -> None:

@@ -46,3 +46,11 @@ def one_line(error: object, limit: int = 400) -> str | None:
     if raised and text != raised[-1] and len(lines) > 3:
         text = f"{text} ... {raised[-1]}"
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+OVERWRITE = "elastic_shard.overwrite_output: true (dj-elastic merge: --overwrite)"
+
+
+def output_in_the_way(path: object, what: str = "already exists") -> UserError:
+    """The one refusal of an export over something this job dir did not write (``export_target``)."""
+    return UserError(f"{path}: {what} and no merge of this job dir wrote it; set {OVERWRITE} to replace it")
