@@ -27,7 +27,7 @@ from collections.abc import Callable
 import orjson
 from jsonargparse import ArgumentParser, Namespace
 
-from data_juicer_elastic.errors import ElasticError, UserError
+from data_juicer_elastic.errors import ElasticError, UserError, store_error
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.status import describe_error_rows, error_rows_by_shard, first_line
 from data_juicer_elastic.storage.mounts import job_dir_location, job_dir_problem
@@ -41,6 +41,11 @@ from data_juicer_elastic.worker.speculation import Speculation
 def _job_dir_arg(p: ArgumentParser) -> None:
     p.add_argument("--job-dir", required=True, help="the shared job directory")
     p.add_argument("--generation", default=None, help="the recipe generation to act on; null: the latest submission's")
+    _storage_args(p)
+
+
+def _storage_args(p: ArgumentParser) -> None:
+    """The storage options every command takes."""
     p.add_argument(
         "--endpoint-url",
         default=None,
@@ -56,13 +61,17 @@ def _job_root(a: Namespace) -> str:
     problem = job_dir_problem(a.job_dir, "--job-dir")
     if problem:
         raise UserError(problem)
+    _apply_storage(a)
+    root = job_dir_location(a.job_dir)
+    probe_once(store_for(root), lambda line: print(line, file=sys.stderr))
+    return root
+
+
+def _apply_storage(a: Namespace) -> None:
     if a.endpoint_url is not None:
         if problem := endpoint_problem(a.endpoint_url):
             raise UserError(f"--endpoint-url: {problem}")
         StorageSettings(endpoint_url=a.endpoint_url).apply()  # this process's stores and those it starts
-    root = job_dir_location(a.job_dir)
-    probe_once(store_for(root), lambda line: print(line, file=sys.stderr))
-    return root
 
 
 def _job(a: Namespace) -> JobDir:
@@ -90,6 +99,7 @@ def _prepare_args(p: ArgumentParser) -> None:
         what = "number of input shards" if key == "num_shards" else setting_help(key).rstrip(".")
         p.add_argument(option, type=kind, default=None, help=f"{what}; null: the recipe's {key}")
     p.add_argument("--ray-address", default=None, help="node-local Ray runtime for workers; null: the recipe's")
+    _storage_args(p)
 
 
 def _worker_args(p: ArgumentParser) -> None:
@@ -141,7 +151,12 @@ def _retry_args(p: ArgumentParser) -> None:
 def _merge_args(p: ArgumentParser) -> None:
     _job_dir_arg(p)
     p.add_argument("--output", required=True, help="the merged JSONL file to write")
-    p.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace whatever is at --output; without it an output no merge of this job dir wrote is refused, "
+        "and this job's own earlier output (another generation's) is replaced, saying so",
+    )
 
 
 def _verify_args(p: ArgumentParser) -> None:
@@ -151,6 +166,7 @@ def _verify_args(p: ArgumentParser) -> None:
 
 def _run_args(p: ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="the Data-Juicer recipe (YAML) with an elastic_shard block")
+    _storage_args(p)
 
 
 def _report_args(p: ArgumentParser) -> None:
@@ -219,6 +235,7 @@ def _parser() -> ArgumentParser:
 def cmd_prepare(a: Namespace) -> int:
     from data_juicer_elastic.plugin.recipe_job import prepare_from_recipe  # imports Data-Juicer
 
+    _apply_storage(a)
     prepare_from_recipe(a.config, cli_overrides=a)
     return 0
 
@@ -367,6 +384,7 @@ def cmd_verify(a: Namespace) -> int:
 def cmd_run(a: Namespace) -> int:
     from data_juicer_elastic.plugin.recipe_job import run_from_recipe  # imports Data-Juicer
 
+    _apply_storage(a)
     return run_from_recipe(a.config)
 
 
@@ -404,6 +422,11 @@ def main(argv: list[str] | None = None) -> int:
         err = UserError(f"{exc.filename}: no such file or directory")
         print(f"dj-elastic {args.command}: error: {err}", file=sys.stderr)
         return err.exit_code
+    except Exception as exc:
+        if not store_error(exc):
+            raise
+        print(f"dj-elastic {args.command}: error: {store_error(exc)}", file=sys.stderr)
+        return 2  # never 1: status and verify say "still running" with it
 
 
 if __name__ == "__main__":

@@ -46,3 +46,24 @@ def one_line(error: object, limit: int = 400) -> str | None:
     if raised and text != raised[-1] and len(lines) > 3:
         text = f"{text} ... {raised[-1]}"
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+OVERWRITE = "elastic_shard.overwrite_output: true (dj-elastic merge: --overwrite)"
+
+
+def output_in_the_way(path: object, what: str = "already exists") -> UserError:
+    """The one refusal of an export over something this job dir did not write (``export_target``)."""
+    return UserError(f"{path}: {what} and no merge of this job dir wrote it; set {OVERWRITE} to replace it")
+
+
+def store_error(exc: BaseException) -> str | None:
+    """A storage or network failure (OSError, botocore's) as one line naming where and what to check; None for
+    any other error. An entry point prints it and exits 2 instead of a traceback."""
+    if not isinstance(exc, OSError) and not type(exc).__module__.startswith(("botocore", "urllib3", "boto3")):
+        return None
+    where = getattr(exc, "filename", None) or getattr(exc, "kwargs", {}).get("endpoint_url")
+    what = one_line(exc) or type(exc).__name__
+    return (
+        f"{where + ': ' if isinstance(where, str) and where not in what else ''}{what}; check the path, or for "
+        "s3:// the endpoint (--endpoint-url, AWS_ENDPOINT_URL), credentials and network"
+    )

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import orjson
 
 from data_juicer_elastic import parquet_out
-from data_juicer_elastic.errors import IntegrityError, UserError
+from data_juicer_elastic.errors import IntegrityError, UserError, output_in_the_way
 from data_juicer_elastic.job.records.done import DoneRecord
 from data_juicer_elastic.storage.blocks import BLOCK, Digester, FileDigest, blocks, digest_file
 from data_juicer_elastic.storage.files import (
@@ -159,10 +159,7 @@ def _prepare_folder(folder: Path, manifest: dict, overwrite: bool) -> bool:
         if found.get("parts") == manifest["parts"] and _parts_in_place(folder, manifest):
             return True
         if not overwrite:
-            raise UserError(
-                f"{folder}: holds a complete export of other outputs; pass --overwrite (or overwrite_output) "
-                "to replace it, or choose another folder"
-            )
+            raise output_in_the_way(f"{folder}/", "holds a complete export of other outputs")
         os.unlink(success)  # from here on the folder reads as incomplete until the new manifest is written
         fsync_dir(folder)
     foreign = sorted(n for n in os.listdir(folder) if not PART_RE.match(n) and ".tmp-" not in n)

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from data_juicer_elastic import parquet_out, s3_export
-from data_juicer_elastic.errors import IntegrityError, UserError
+from data_juicer_elastic.errors import IntegrityError, UserError, output_in_the_way
+from data_juicer_elastic.export_target import may_replace, stamped, stat_of
 from data_juicer_elastic.folder_export import (
     SUCCESS,
     Done,
@@ -118,11 +119,11 @@ def _verify_export(record: dict) -> list[str]:
         return s3_export.verify_export(record)
     folder = record.get("kind") == "folder"
     try:
-        now: dict | None = _stat_of(_stamped(out, folder))
+        now: dict | None = stat_of(stamped(out, folder))
     except FileNotFoundError:
         now = None
     except OSError as exc:
-        return [f"{_stamped(out, folder)}: cannot be read ({exc.strerror}); restore it or merge the job again"]
+        return [f"{stamped(out, folder)}: cannot be read ({exc.strerror}); restore it or merge the job again"]
     if folder:
         return check_recorded_folder(LocalFolder(out), now, record)
     return check_recorded_file(now, record, lambda: digest_file(out))
@@ -172,6 +173,7 @@ def merge(
     recipe with ``export_type: parquet``) is written from the attempts' Parquet outputs (``parquet_out``).
     """
     fmt = output_format(job, output)
+    overwrite = may_replace(job, s3_export.location(output), is_folder_export(output), overwrite, log)
     if is_folder_export(output):
         return _export(job, output, overwrite, log, fmt)
     if s3_export.is_s3(output):
@@ -304,7 +306,7 @@ def merged_already(job: JobDir, output: str) -> dict | None:
             return None
     else:
         try:
-            st = _stat_of(_stamped(out, folder))
+            st = stat_of(stamped(out, folder))
         except OSError:
             return None
         if folder:
@@ -353,9 +355,7 @@ def _check_target(out: Path, overwrite: bool) -> None:
     if out.is_dir():
         raise UserError(f"{out}: is a directory; give a file path for the merged output")
     if os.path.lexists(out) and not overwrite:
-        raise UserError(
-            f"{out}: already exists; pass --overwrite (or overwrite_output) to replace it, or choose another path"
-        )
+        raise output_in_the_way(out)
 
 
 def _all_done(job: JobDir) -> list[Done]:
@@ -399,7 +399,7 @@ def _put_in_place(tmp: Path, out: Path, overwrite: bool) -> None:
     except OSError as exc:
         if not lost_race(exc, out):
             raise
-        raise UserError(f"{out}: already exists; pass --overwrite (or overwrite_output) to replace it") from exc
+        raise output_in_the_way(out, "appeared during this merge") from exc
 
 
 def _copy_all(job: JobDir, records: list[Done], writer: BulkWriter, bar: ProgressBar) -> tuple[int, int, str]:
@@ -440,16 +440,6 @@ def _copy_one(
     return got.rows, got.bytes
 
 
-def _stamped(out: str | Path, folder: bool) -> str:
-    """The file whose size, mtime and inode stand for the output: a folder export's ``_SUCCESS``, else the file."""
-    return os.path.join(out, SUCCESS) if folder else str(out)
-
-
-def _stat_of(path: str | Path) -> dict[str, int]:
-    st = os.stat(path)
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}
-
-
 def _record(
     job: JobDir,
     out: Path | str,
@@ -477,7 +467,7 @@ def _record(
                 "rows": rows,
                 "bytes": size,
                 "sha256": sha,
-                "output_stat": stamp.record() if stamp else _stat_of(_stamped(out, kind == "folder")),
+                "output_stat": stamp.record() if stamp else stat_of(stamped(out, kind == "folder")),
                 **remote,
                 "shards": [shard_entry(r) for r, _ in records],
                 "started_at": started_at,

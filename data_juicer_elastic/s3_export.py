@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from data_juicer_elastic.errors import IntegrityError, UserError
+from data_juicer_elastic.errors import IntegrityError, UserError, output_in_the_way
 from data_juicer_elastic.folder_export import (
     PART_RE,
     SUCCESS,
@@ -171,9 +171,7 @@ def refuse_existing(url: str, overwrite: bool) -> None:
 
 
 def _exists(url: str) -> UserError:
-    return UserError(
-        f"{url}: already exists; pass --overwrite (or overwrite_output) to replace it, or choose another path"
-    )
+    return output_in_the_way(url)
 
 
 # --------------------------------------------------------------------------- folder
@@ -359,10 +357,7 @@ def _publish(
 
 
 def _other_export(url: str) -> UserError:
-    return UserError(
-        f"{url}/: holds a complete export of other outputs; pass --overwrite (or overwrite_output) to "
-        "replace it, or choose another prefix"
-    )
+    return output_in_the_way(f"{url}/", "holds a complete export of other outputs")
 
 
 def _copy_part(

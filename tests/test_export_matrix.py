@@ -4,9 +4,10 @@ object, s3:// folder} x format {jsonl, parquet}, on the moto server.
 One small job per job-dir kind and format, worked once by the real worker loop and reused by every export.
 Each cell must hold byte for byte what the local job exported to a local path holds (a folder: every part and
 ``_SUCCESS``), ``verify`` must find it intact, and a second merge without ``--overwrite`` must do what it does
-locally: a file is refused, a complete folder of the same outputs is left as it is. The Parquet job's parts
-do not share one schema (``score`` null in one shard, missing in another), so a folder export rewrites two
-parts with the unified schema and takes the third as it is (on S3 to S3: copied by the store).
+locally: a file (this job's own) is replaced, a complete folder of the same outputs is left as it is.
+The Parquet job's parts do not share one schema (``score`` null in one shard, missing in another), so a
+folder export rewrites two parts with the unified schema and takes the third as it is (on S3 to S3: copied
+by the store).
 """
 
 from __future__ import annotations
@@ -137,14 +138,12 @@ def test_every_export_from_every_job_dir_holds_what_the_local_export_holds(
     assert report.ok and report.problems == [], report.problems
     assert merged_already(JobDir(job), out) is not None
 
-    before = stamp(out)
+    before, said = stamp(out), []
+    merge(JobDir(job), out, log=said.append)
     if export.endswith("folder"):  # a complete folder of these outputs: left as it is
-        merge(JobDir(job), out, log=_quiet)
         assert stamp(out) == before and read_tree(out) == want
-    else:
-        with pytest.raises(UserError, match="already exists"):
-            merge(JobDir(job), out, log=_quiet)
-        assert stamp(out) == before
+    else:  # this job dir's own output: replaced, saying so (export_target)
+        assert "replacing this generation's earlier merge" in said[0] and read_tree(out) == want
 
 
 def test_a_parquet_folder_from_s3_to_s3_copies_parts_of_the_unified_schema(
@@ -182,8 +181,10 @@ def test_a_parquet_object_already_there_is_refused_before_an_output_is_read(
     job = jobs.job("s3", "parquet")
     out = jobs.output("s3", "s3-object", "parquet")
     merge(JobDir(job), out, log=_quiet)
+    url = s3_export.location(out)
+    store_for(os.path.dirname(url)).replace(os.path.basename(url), b"someone else's\n")  # no merge of this job's
     requests.clear()
-    with pytest.raises(UserError, match="already exists"):
+    with pytest.raises(UserError, match="already exists and no merge of this job dir wrote it"):
         merge(JobDir(job), out, log=_quiet)
     read = [k for k, _ in requests.ops("GetObject") if k.endswith(".parquet")]
     assert read == [] and requests.ops("CreateMultipartUpload") == [], requests.sent

@@ -131,7 +131,7 @@ def test_a_folder_of_other_files_or_another_export_is_not_overwritten_unasked(tm
     manifest = read_json(folder / SUCCESS)
     manifest["parts"][0]["sha256"] = "0" * 64  # a complete export of other outputs
     (folder / SUCCESS).write_bytes(orjson.dumps(manifest))
-    with pytest.raises(UserError, match="complete export of other outputs; pass --overwrite"):
+    with pytest.raises(UserError, match="complete export of other outputs and no merge of this job dir wrote it"):
         merge(job, str(folder), log=_quiet)
     merge(job, str(folder), overwrite=True, log=_quiet)
     assert read_json(folder / SUCCESS)["parts"][0]["sha256"] == read_json(job.done_path(sid))["sha256"]

@@ -107,7 +107,9 @@ def test_existing_output_needs_overwrite(tmp_path: Path, job: JobDir) -> None:
     finish_all(job)
     out = tmp_path / "merged.jsonl"
     out.write_bytes(b"old\n")
-    with pytest.raises(UserError, match=rf"{out}: already exists; pass --overwrite"):
+    with pytest.raises(
+        UserError, match=rf"{out}: already exists and no merge of this job dir wrote it; set elastic_shard"
+    ):
         merge(job, str(out), log=lambda m: None)
     assert out.read_bytes() == b"old\n" and _no_temp_files(tmp_path)
     merge(job, str(out), overwrite=True, log=lambda m: None)

@@ -82,8 +82,11 @@ def test_one_object_is_the_local_merge_byte_for_byte_and_an_existing_one_is_refu
     assert record["output"] == result.output and record["bytes"] == len(data) == head["ContentLength"]
     assert record["etag"] == head["ETag"] and record["output_stat"] == {"size": len(data), "etag": head["ETag"]}
     assert merged_already(job, url) is not None
-    with pytest.raises(UserError, match="already exists; pass --overwrite"):
+    merge(job, url, log=_quiet)  # this job dir's own output: replaced, saying so (export_target)
+    client.put_object(Bucket=BUCKET, Key="out/one.jsonl", Body=b"someone else's\n")
+    with pytest.raises(UserError, match="already exists and no merge of this job dir wrote it"):
         merge(job, url, log=_quiet)
+    assert _get(client, "out/one.jsonl") == b"someone else's\n"
     merge(job, url, overwrite=True, log=_quiet)  # replaced: a new ETag stamps the record
     assert _get(client, "out/one.jsonl") == data and merged_already(job, url) is not None
     client.put_object(Bucket=BUCKET, Key="out/one.jsonl", Body=b"someone else's\n")

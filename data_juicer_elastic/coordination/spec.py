@@ -34,10 +34,11 @@ class JobSpec:
     prepare has published, to check it was asked for what was prepared.
     ``make_runner`` is given the generation's folder (``JobDir(that)`` names it).
 
-    ``overwrite_output`` defaults to True because ``export_path`` is the
-    recipe's own output, which ``dj-process`` overwrites too; rerunning a
-    finished job does not rewrite it while it is still the file the last merge
-    of the same done records wrote (``merge.merged_already``).
+    ``overwrite_output`` defaults to False: an output this job dir did not
+    write is refused, its own earlier output (another generation's) replaced
+    with a line (``export_target``); rerunning a finished job does not rewrite
+    it while it is still what the last merge of the same done records wrote
+    (``merge.merged_already``).
     """
 
     job_dir: str
@@ -52,7 +53,7 @@ class JobSpec:
     wait_timeout_secs: float | None = 3600.0
     poll_interval_secs: float = Policy.poll_interval_secs
     allow_version_mismatch: bool = False
-    overwrite_output: bool = True
+    overwrite_output: bool = False
     speculation: Speculation = field(default_factory=Speculation)  # a worker option: may change per submission
 
     def check(self) -> None:

@@ -155,6 +155,7 @@ def job_spec(cfg: Any, recipe_text: str) -> JobSpec:
         wait_timeout_secs=settings.wait_timeout_secs,
         poll_interval_secs=settings.poll_interval_secs,
         allow_version_mismatch=settings.allow_version_mismatch,
+        overwrite_output=settings.overwrite_output,
         speculation=settings.speculation_policy(),
     )
 

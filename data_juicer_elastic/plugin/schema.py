@@ -41,6 +41,7 @@ class ElasticShardSettings:
     prefetch_shards: int = JobSpec.prefetch_shards
     ray_address: str = Policy.ray_address
     allow_version_mismatch: bool = JobSpec.allow_version_mismatch
+    overwrite_output: bool = JobSpec.overwrite_output
     speculation: bool = Speculation.enabled
     speculation_quantile: float = Speculation.quantile
     speculation_multiplier: float = Speculation.multiplier
@@ -98,6 +99,11 @@ _ARGS: dict[str, tuple[Any, str]] = {
     "allow_version_mismatch": (
         bool,
         "Let a node whose Data-Juicer / data-juicer-elastic versions differ from the manifest's work anyway.",
+    ),
+    "overwrite_output": (
+        bool,
+        "Replace whatever is at export_path. Without it an output no merge of this job dir wrote is refused; "
+        "this job's own earlier output (another recipe generation's) is replaced, saying so.",
     ),
     "speculation": (
         bool,
