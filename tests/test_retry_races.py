@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from data_juicer_elastic.cli import main as cli_main
 from data_juicer_elastic.job.claims import claim_store
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.records import retry as retry_mod
@@ -18,7 +19,7 @@ from data_juicer_elastic.merge import verify
 from data_juicer_elastic.worker.loop import run_worker
 from data_juicer_elastic.worker.sweep import SnapshotCache
 
-from .jobs import make_job
+from .jobs import attempt_outcomes, make_job, spawn_worker
 from .runners import copy
 from .test_jobdir_s3 import mirror
 from .test_store_contract import moto_env  # noqa: F401 (the server, one per module)
@@ -68,3 +69,20 @@ def test_a_completion_confirmed_while_retry_archives_is_not_trusted_after_it(
     result = run_worker(JobDir(job.root), copy, host="node-b", log=lambda *_: None)
     assert result.exit_code == 0 and result.completed == [sid], result
     assert verify(JobDir(job.root)).ok
+
+
+def test_a_failure_snapshot_written_before_retry_does_not_end_the_next_worker(tmp_path: Path):
+    """Hole 5: the snapshot that says "failed" was built before ``retry --all-failed`` and is read after it
+    (within the refresh interval); the next worker runs the shard to done and must exit 0, not 2."""
+    job = make_job(tmp_path, rows=10, shards=1, max_retries=1, poll_interval_secs=60.0)  # fresh for a minute
+    sid = "part-00000-of-00001"
+    failing = spawn_worker(job, "fail", log=tmp_path / "w1.log", DJE_TEST_FAIL_SHARDS=sid)
+    assert failing.wait(timeout=120) == 2
+    store = claim_store(job, "status")
+    before = SnapshotCache(job, store, LONG).refresh(newer_than=store.now())
+    assert before.failed == [sid] and (sid, 2) in before.claimable, before  # what the next worker reads
+    assert cli_main(["retry", "--job-dir", str(job.root), "--all-failed"]) == 0
+    worker = spawn_worker(job, "copy", log=tmp_path / "w2.log")
+    assert worker.wait(timeout=120) == 0, "the next worker ended on the failure the retry archived"
+    assert attempt_outcomes(job)[sid] == ["failed", "failed", "done"]
+    assert cli_main(["verify", "--job-dir", str(job.root)]) == 0
