@@ -414,14 +414,26 @@ class SnapshotCache:
     def _ticket(self, name: str) -> str:
         return f"{self._tickets}/{name}"
 
-    def _write(self, snap: Snapshot) -> None:
-        """Put ``snap`` in place unless a newer one is there (a rebuilder paused past the next one's write);
-        a write that fails leaves the old file, which the next look rebuilds."""
-        current = self._read()
-        if current is not None and current.seq > snap.seq:
-            return
-        try:
-            self.job.store.replace(self._progress, snap.to_bytes(), durable=False)
-        except OSError:
-            return
-        self._seen = (snap.seq, time.monotonic())
+    def _write(self, snap: Snapshot, tries: int = 5) -> None:
+        """Put ``snap`` in place unless a newer one is there: replaced only in the version just read (a
+        rebuilder paused between its read and its write cannot put an older snapshot over a newer one); a
+        lost race reads again; a write that fails leaves the old file, which the next look rebuilds."""
+        for _ in range(tries):
+            try:
+                got = self.job.store.read(self._progress)
+            except OSError:
+                return
+            current = Snapshot.from_bytes(got[0]) if got is not None else None
+            if current is not None and current.seq > snap.seq:
+                return
+            try:
+                if got is None:
+                    written = self.job.store.create(self._progress, snap.to_bytes(), durable=False) is not None
+                else:
+                    ver = self.job.store.replace(self._progress, snap.to_bytes(), got[1].ver, durable=False)
+                    written = ver is not None
+            except OSError:
+                return
+            if written:
+                self._seen = (snap.seq, time.monotonic())
+                return
