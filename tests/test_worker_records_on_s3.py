@@ -12,7 +12,7 @@ from pathlib import Path
 from data_juicer_elastic.job.claims import claim_store
 from data_juicer_elastic.job.records.workers import WorkerLedger, WorkerRecord, read_workers, write_worker
 from data_juicer_elastic.storage.store import Store
-from data_juicer_elastic.worker.sweep import SnapshotCache
+from data_juicer_elastic.worker.sweep import Snapshot, SnapshotCache
 from tests.jobs import make_job
 from tests.test_store_contract import moto_env, store  # noqa: F401 (fixtures: the server, both stores)
 
@@ -53,3 +53,41 @@ def test_one_process_wins_a_rebuild_ticket_and_another_once_it_is_deleted(tmp_pa
     assert first._won("7") and not second._won("7") and not first._won("7")
     assert store.head(ticket) is not None
     assert store.delete(ticket) and second._won("7")
+
+
+class _WriteFirst:
+    """The job's store, but another process's snapshot lands at ``key`` just before this one's first write."""
+
+    def __init__(self, inner: Store, key: str, theirs: bytes) -> None:
+        self._store, self._key, self._theirs = inner, key, theirs
+
+    def __getattr__(self, name: str):
+        return getattr(self._store, name)
+
+    def replace(self, key: str, data: bytes, *args, **kwargs):
+        self._land(key)
+        return self._store.replace(key, data, *args, **kwargs)
+
+    def create(self, key: str, data: bytes, *args, **kwargs):
+        self._land(key)
+        return self._store.create(key, data, *args, **kwargs)
+
+    def _land(self, key: str) -> None:
+        if key == self._key and self._theirs:
+            theirs, self._theirs = self._theirs, b""
+            assert self._store.replace(key, theirs) is not None
+
+
+def test_a_snapshot_write_never_puts_an_older_one_over_a_newer(tmp_path: Path, store: Store):  # noqa: F811
+    """``progress.json`` is replaced only in the version read: a rebuilder that read seq 1 and is about to write
+    seq 2 loses to a seq 3 that landed in between (it reads again and yields), on either store."""
+    job = make_job(tmp_path / "src", rows=4, shards=2)
+    job._store = store
+    cache = SnapshotCache(job, claim_store(job, "a"), 1.0)
+    key = job.key(job.progress_path)
+    assert store.replace(key, Snapshot(seq=1, built_at=1.0, total=2, done=0, fresh_left=2).to_bytes())
+    newer = Snapshot(seq=3, built_at=3.0, total=2, done=1, fresh_left=1).to_bytes()
+    job._store = _WriteFirst(store, key, newer)
+    cache._write(Snapshot(seq=2, built_at=2.0, total=2, done=0, fresh_left=2))
+    got = store.read(key)
+    assert got is not None and Snapshot.from_bytes(got[0]).seq == 3, "an older snapshot overwrote a newer one"

@@ -117,7 +117,9 @@ class ClaimChooser:
             if snap.complete:
                 return None, True, set()
             if snap.failed:
-                return None, False, set(snap.failed)
+                failed, snap = self._still_failed(snap)
+                if failed:
+                    return None, False, failed
         if snap is not None and self._stale_for_pacing(snap):  # a pacing decision: the workers busy now
             newer = self._claimed_at if self._claimed_at is not None else snap.built_at + 1e-3
             snap = self.last = self.snapshots.refresh(newer_than=newer, lean=True)
@@ -132,6 +134,18 @@ class ClaimChooser:
             if snap.complete:
                 return None, True, set()
         return self._from_the_sweep(snap)
+
+    def _still_failed(self, snap: Snapshot) -> tuple[set[str], Snapshot]:
+        """The snapshot's failed shards that still have a failed record, read now (the snapshot may predate a
+        ``retry`` that archived them: it is a cache, and one the records contradict is replaced by a new sweep).
+
+        Nothing ends on a failure the snapshot remembers: only on failed records read after any retry that
+        archived them, so a worker that ran a requeued shard to done never ends "failed terminally" on it.
+        """
+        failed = {sid for sid in snap.failed if is_failed(self.job, sid)}
+        if len(failed) < len(snap.failed):
+            snap = self.last = self.snapshots.refresh(newer_than=self.store.now())
+        return failed, snap
 
     def _stale_for_pacing(self, snap: Snapshot) -> bool:
         """At the tail, a pacing decision counts on the workers busy now: sweep again if this worker claimed

@@ -51,7 +51,7 @@ from data_juicer_elastic.job.claims import ClaimStore
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.records._read import int_or, number_or_none
 from data_juicer_elastic.job.records.attempt import load_attempt
-from data_juicer_elastic.job.records.retry import Archived, read_requeued, summed_by_records
+from data_juicer_elastic.job.records.retry import ARCHIVING, Archived, read_requeued, summed_by_records
 from data_juicer_elastic.job.records.workers import WorkerRecord, read_key, read_workers
 from data_juicer_elastic.worker.lanes import fresh_left, probed_fresh_left
 
@@ -270,16 +270,16 @@ def _fallback(job: JobDir, store: ClaimStore, snap: Snapshot, now: float) -> Non
             snap.claimable.append((sid, 0))
 
 
-def retry_stamp(job: JobDir) -> str:
-    """What changes whenever ``retry`` requeues a shard: the retry folder's stamp (``Store.stamp``: a new
-    record is renamed into it, an old one moved out to history), ``none`` while it is missing; on a store
-    that keeps no stamp, a digest of the folder's listing (its keys and versions: one request per 1,000)."""
-    key = job.key(job.retry_dir)
-    stamp = job.store.stamp(key)
-    if stamp is None:
-        listed = b"\n".join(f"{e.key} {e.ver}".encode() for e in job.store.list(key))
-        return hashlib.sha256(listed).hexdigest()[:16] if listed else "none"
-    return stamp or "none"
+def retry_stamp(job: JobDir) -> str | None:
+    """What changes whenever ``retry`` requeues a shard: a digest of ``state/retry``'s listing (names and
+    versions; a retry record's every version is new bytes), ``none`` while it is empty; None while a
+    ``retry`` archives (its ``.archiving`` name stands: no stamp read then may vouch for a listing).
+    A folder's mtime was one stat, but it moves in clock ticks: two writes in one tick left it still."""
+    listed = sorted((e.key, e.ver) for e in job.store.list(job.key(job.retry_dir)))
+    if any(key.endswith(ARCHIVING) for key, _ in listed):
+        return None
+    digest = b"\n".join(f"{key} {ver}".encode() for key, ver in listed)
+    return hashlib.sha256(digest).hexdigest()[:16] if digest else "none"
 
 
 class SnapshotCache:
@@ -287,9 +287,10 @@ class SnapshotCache:
 
     A snapshot that says complete is confirmed against a listing of ``state/done`` before this process acts
     on it, once for the whole job: the process that lists leaves ``progress.d/complete-<stamp>`` (the retry
-    folder's stamp), and the others trust it while that stamp (one ``stat``) is unchanged, since only
-    ``retry`` takes a done record away (and writes into that folder). The marker does not ride in the
-    snapshot: a snapshot rebuilt while the lister listed would drop it, and the next one would list again.
+    folder's stamp, read before it listed), and the others trust it while that stamp is unchanged, since
+    only ``retry`` takes a done record away, and it moves the stamp after (``retry.requeue`` says why).
+    The marker does not ride in the snapshot: a snapshot rebuilt while the lister listed would drop it,
+    and the next one would list again.
     One the listing contradicts (an old submission's snapshot after a retry, a count a record read wrongly)
     is corrected and written back.
     """
@@ -353,6 +354,8 @@ class SnapshotCache:
         if not snap.complete or self._complete:
             return snap
         stamp = retry_stamp(self.job)
+        if stamp is None:  # a retry is archiving: list for ourselves, and leave no marker
+            return self._listed(snap, None)
         marker = f"complete-{stamp}"
         deadline = time.monotonic() + 4 * max(self.interval, 1.0)
         while self.job.store.head(self._ticket(marker)) is None:
@@ -370,13 +373,14 @@ class SnapshotCache:
         self._complete = True
         return snap
 
-    def _listed(self, snap: Snapshot, marker: str) -> Snapshot:
+    def _listed(self, snap: Snapshot, marker: str | None) -> Snapshot:
         """``snap`` checked against one listing of the done records: confirmed, or corrected from it."""
         ids = set(self.job.manifest().shards.ids())
         done = len(self.job.done_ids() & ids)
         if done >= snap.total:
             self._complete = True
-            self._won(marker)  # not made (a flaky mount): the others list for themselves
+            if marker is not None:
+                self._won(marker)  # not made (a flaky mount): the others list for themselves
             return snap
         snap.legacy_done = max(min(snap.legacy_done, done - snap.swept), 0)
         snap.done, snap.exact = done, True
@@ -410,14 +414,26 @@ class SnapshotCache:
     def _ticket(self, name: str) -> str:
         return f"{self._tickets}/{name}"
 
-    def _write(self, snap: Snapshot) -> None:
-        """Put ``snap`` in place unless a newer one is there (a rebuilder paused past the next one's write);
-        a write that fails leaves the old file, which the next look rebuilds."""
-        current = self._read()
-        if current is not None and current.seq > snap.seq:
-            return
-        try:
-            self.job.store.replace(self._progress, snap.to_bytes(), durable=False)
-        except OSError:
-            return
-        self._seen = (snap.seq, time.monotonic())
+    def _write(self, snap: Snapshot, tries: int = 5) -> None:
+        """Put ``snap`` in place unless a newer one is there: replaced only in the version just read (a
+        rebuilder paused between its read and its write cannot put an older snapshot over a newer one); a
+        lost race reads again; a write that fails leaves the old file, which the next look rebuilds."""
+        for _ in range(tries):
+            try:
+                got = self.job.store.read(self._progress)
+            except OSError:
+                return
+            current = Snapshot.from_bytes(got[0]) if got is not None else None
+            if current is not None and current.seq > snap.seq:
+                return
+            try:
+                if got is None:
+                    written = self.job.store.create(self._progress, snap.to_bytes(), durable=False) is not None
+                else:
+                    ver = self.job.store.replace(self._progress, snap.to_bytes(), got[1].ver, durable=False)
+                    written = ver is not None
+            except OSError:
+                return
+            if written:
+                self._seen = (snap.seq, time.monotonic())
+                return

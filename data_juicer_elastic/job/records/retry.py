@@ -7,6 +7,10 @@ released, only no longer renewed): an ended attempt holds nothing, so the
 requeued shard is claimable at once instead of after ``lock_timeout``. Read by the
 worker's failure count (``retry_base``), which refuses one it cannot trust:
 a wrong number would hand a shard more, or fewer, retries than the policy says.
+
+While it archives, ``state/retry/<stamp>.archiving`` stands (``ARCHIVING``): the
+end-of-job confirmation (``worker.sweep.SnapshotCache``) neither makes nor
+trusts a "complete" marker while one does (see ``requeue``).
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from data_juicer_elastic.job.records.done import is_done, load_done
 from data_juicer_elastic.job.records.failed import is_failed
 from data_juicer_elastic.job.records.workers import WorkerRecord, read_key
 from data_juicer_elastic.storage.files import dumps_json
+
+ARCHIVING = ".archiving"  # the suffix of the name a requeue holds in state/retry while it archives
 
 
 @dataclass(frozen=True)
@@ -98,7 +104,8 @@ def write_retry(job: JobDir, record: RetryRecord, stamp: str) -> None:
     Raises UserError when another ``retry`` of the shard wrote its record meanwhile (nothing is overwritten).
     """
     key = job.key(job.retry_path(record.shard))
-    body = {"shard": record.shard, "after_attempt": record.after_attempt, "at": record.at}
+    # the stamp makes every version's bytes new, so its ETag too: a listing's versions show each retry
+    body = {"shard": record.shard, "after_attempt": record.after_attempt, "at": record.at, "stamp": stamp}
     data = dumps_json({**body, "archived": list(record.archived)})
     earlier = job.store.read(key)
     if earlier is None:
@@ -180,6 +187,13 @@ def requeue(job: JobDir, shard_ids: list[str] | None = None, *, all_failed: bool
     earlier attempts stop counting; nothing is deleted. With ``all_failed`` and
     no failed shard it requeues nothing and returns ``[]``: the state asked for
     already holds (the caller says so); naming no shard at all is a UserError.
+
+    Why no "complete" marker outlives it: a marker names the retry stamp read before its maker listed
+    ``state/done`` (a digest of this folder's names and versions). The ``.archiving`` name stands from
+    before the first write to after the last archive, so a stamp read meanwhile is no stamp (no marker);
+    one read before it differs from every stamp after (this run's records are new versions); one read
+    after it was read after every archive, so its listing misses the archived done records. A kill -9
+    leaves the name: markers stop until it is removed, and each process lists for itself (slower, not wrong).
     """
     if all_failed:
         shard_ids = sorted(job.failed_ids())
@@ -187,28 +201,39 @@ def requeue(job: JobDir, shard_ids: list[str] | None = None, *, all_failed: bool
             return []
     if not shard_ids:
         raise UserError("retry: name shards with --shard-id, or use --all-failed")
-    store = claim_store(job)
-    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
     for sid in shard_ids:
         job.shard(sid)  # validates the id
-        failed, done = is_failed(job, sid), is_done(job, sid)
-        latest = store.latest_attempt(sid)
-        if not failed and not done:
-            state = "running" if latest else "pending"
-            raise UserError(f"retry: shard {sid} is {state}, not failed or done; nothing to requeue")
-        publishers = _archived_so_far(job, sid)
-        publisher = _publisher(job, sid) if done else None
-        if publisher is not None:
-            publishers = (*publishers, publisher)
-        write_retry(job, RetryRecord(sid, latest, time.time(), publishers), stamp)
-        if failed:
-            _archive(job, job.failed_key(sid), f"{stamp}-{sid}.failed.json")
-        if done:
-            _archive(job, job.done_key(sid), f"{stamp}-{sid}.done.json")
-        for attempt in (latest, latest - 1):  # the latest, and the attempt it may back up
-            if attempt > 0 and _ended(job, sid, attempt):
-                store.release_attempt(sid, attempt)
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
+    busy = job.key(job.retry_dir / f"{stamp}{ARCHIVING}")
+    if job.store.create(busy, stamp.encode()) is None:
+        raise UserError(f"retry: {job.retry_dir / (stamp + ARCHIVING)} exists already; run retry again")
+    try:
+        for sid in shard_ids:
+            _requeue_one(job, sid, stamp)
+    finally:
+        job.store.delete(busy)
     return list(shard_ids)
+
+
+def _requeue_one(job: JobDir, sid: str, stamp: str) -> None:
+    store = claim_store(job)
+    failed, done = is_failed(job, sid), is_done(job, sid)
+    latest = store.latest_attempt(sid)
+    if not failed and not done:
+        state = "running" if latest else "pending"
+        raise UserError(f"retry: shard {sid} is {state}, not failed or done; nothing to requeue")
+    publishers = _archived_so_far(job, sid)
+    publisher = _publisher(job, sid) if done else None
+    if publisher is not None:
+        publishers = (*publishers, publisher)
+    write_retry(job, RetryRecord(sid, latest, time.time(), publishers), stamp)
+    if failed:
+        _archive(job, job.failed_key(sid), f"{stamp}-{sid}.failed.json")
+    if done:
+        _archive(job, job.done_key(sid), f"{stamp}-{sid}.done.json")
+    for attempt in (latest, latest - 1):  # the latest, and the attempt it may back up
+        if attempt > 0 and _ended(job, sid, attempt):
+            store.release_attempt(sid, attempt)
 
 
 def _ended(job: JobDir, shard: str, attempt: int) -> bool:
