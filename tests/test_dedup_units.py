@@ -22,7 +22,9 @@ from data_juicer_elastic.errors import IntegrityError
 from data_juicer_elastic.storage.store import Store, store_for
 from tests.dedup_unit_worker import GEN, MARKER, PROCESS, layout_for, recipe_ops
 from tests.jobs import REPO, wait_for
+from tests.s3server import use_env
 from tests.test_dedup_core import build, long_filter, planted_corpus, reference
+from tests.test_store_contract import BUCKET, moto_env  # noqa: F401 (the moto server, one per module)
 
 SHARDS, BUCKETS, LOCK_TIMEOUT = 6, 5, 2.0
 
@@ -71,9 +73,6 @@ def test_three_racing_processes_one_killed_in_a_bucket(where, corpus, tmp_path, 
     if where == "posix":
         url = str(tmp_path / "job")
     else:
-        from tests.s3server import use_env
-        from tests.test_store_contract import BUCKET
-
         use_env(monkeypatch, request.getfixturevalue("moto_env"))
         url = f"s3://{BUCKET}/dedup/{uuid.uuid4().hex[:12]}"
     store = store_for(url)
