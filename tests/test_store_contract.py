@@ -1,8 +1,9 @@
 """One contract for both storage backends (docs/OBJECT_STORE.md sections 1 and 3, plan steps 1, 6, 7, 8).
 
 Every test runs on a ``PosixStore`` in a temp folder and on an ``S3Store``
-against a real moto server in its own process (tests/s3server.py,
-single-threaded, so its check-then-write is atomic). No test times anything:
+against two real servers, each in its own processes: moto (tests/s3server.py,
+single-threaded, so its check-then-write is atomic) and Ceph RGW
+(tests/rgw.py, a one-node Ceph). No test times anything:
 the one bound on an age is a sanity check of the clock (an hour off would be
 a time-zone bug), far above any pause.
 """
@@ -26,7 +27,7 @@ import orjson
 import pytest
 
 from data_juicer_elastic.errors import UserError
-from data_juicer_elastic.storage import probe, s3_upload
+from data_juicer_elastic.storage import conditions, probe, s3_upload
 from data_juicer_elastic.storage.blocks import blocks
 from data_juicer_elastic.storage.posix import PosixStore
 from data_juicer_elastic.storage.probe import Capabilities, StoreRefused, check_create_once, probe_store
@@ -69,11 +70,17 @@ def s3_store(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> Store:
     return store_for(f"s3://{BUCKET}/jobs/{uuid.uuid4().hex[:12]}")  # a fresh prefix per test
 
 
-@pytest.fixture(params=["posix", "s3"])
+@pytest.fixture(params=["moto", "rgw"])
+def s3_env(request: pytest.FixtureRequest) -> dict[str, str]:
+    """The env of each S3 server the suite runs: moto, and Ceph RGW (``rgw_env``, tests/rgw.py)."""
+    return request.getfixturevalue(f"{request.param}_env")
+
+
+@pytest.fixture(params=["posix", "moto", "rgw"])
 def store(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
     if request.param == "posix":
         return store_for(str(tmp_path / "job"))
-    return s3_store(monkeypatch, request.getfixturevalue("moto_env"))
+    return s3_store(monkeypatch, request.getfixturevalue(f"{request.param}_env"))
 
 
 def race_to_create(store: Store, key: str, bodies: list[bytes], exclusive: bool = False) -> list[str | None]:
@@ -289,10 +296,20 @@ def test_posix_names_stat_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert sorted(store.names("claims")) == ["s@0001", "s@0002", "t@0001"]
 
 
+def honours(store: Store, condition: str) -> bool:
+    """Whether the probe found ``condition`` (a ``Capabilities`` field) kept on this store; POSIX keeps all."""
+    return is_posix(store) or getattr(store.conditions(), condition)  # type: ignore[attr-defined]
+
+
 def test_delete(store: Store):
     v1 = made(store, "retry/part-00003.json", b"one\n")
     assert v1 is not None
     v2 = store.replace("retry/part-00003.json", b"two\n")
+    if not honours(store, "delete_if_match"):  # RGW: refused before anything is deleted, naming the endpoint
+        with pytest.raises(StoreRefused, match=f"{store.endpoint}.*If-Match on DELETE"):  # type: ignore[attr-defined]
+            store.delete("retry/part-00003.json", if_ver=v2)
+        assert store.head("retry/part-00003.json") is not None and store.delete("retry/part-00003.json") is True
+        return
     assert store.delete("retry/part-00003.json", if_ver=v1) is False  # stale: nothing removed
     assert store.head("retry/part-00003.json") is not None
     assert store.delete("retry/part-00003.json", if_ver=v2) is True
@@ -539,14 +556,45 @@ def test_probe_passes_and_leaves_nothing(store: Store, monkeypatch: pytest.Monke
     assert store.head(key) is None
 
 
-def test_probe_finds_if_match_kept_and_leaves_nothing(store: Store, monkeypatch: pytest.MonkeyPatch):
-    keys = iter([f".probe/test-{uuid.uuid4().hex[:8]}" for _ in range(2)])
+HONOURED = {  # what the probe measures on each server: moto 5.2.6, Ceph RGW 16.2.15 (docs/OBJECT_STORE.md section 3)
+    "posix": Capabilities(if_match=True),
+    "moto": Capabilities(if_match=True, copy_once=False),
+    "rgw": Capabilities(if_match=True, etag_quoted=False, delete_if_match=False, complete_once=False, copy_once=False),
+}
+
+
+def test_probe_finds_what_each_server_honours_and_leaves_nothing(
+    store: Store, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+):
+    """Each conditional request the protocol sends, as the server at hand keeps it: RGW takes If-Match only
+    with a bare ETag and ignores If-None-Match on Complete and Copy and If-Match on DELETE."""
     used: list[str] = []
-    monkeypatch.setattr(probe, "probe_key", lambda: used.append(next(keys)) or used[-1])
+    monkeypatch.setattr(probe, "probe_key", lambda: used.append(f".probe/test-{uuid.uuid4().hex[:8]}") or used[-1])
     found = probe_store(store)
-    assert found == Capabilities(if_match=True) and len(used) == 2
-    assert all(store.head(key) is None for key in used)
-    assert found.line(store) == f"store: {store.describe()}: create-once yes, If-Match yes"
+    assert found == HONOURED[request.node.callspec.params["store"]]
+    assert used and all(store.head(key) is None for key in used) and list(store.list("")) == []
+    line = found.line(store)
+    assert line.startswith(f"store: {store.describe()}: create-once yes, If-Match yes (ETag ")
+    for said in ("GET If-Match", "DELETE If-Match", "Complete If-None-Match", "Copy If-None-Match"):
+        assert f"{said} {'yes' if found.__dict__[LABEL_FIELDS[said]] else 'no'}" in line
+
+
+LABEL_FIELDS = {label: name for name, label in conditions.LABELS.items() if label}
+
+
+def test_if_match_goes_out_in_the_form_the_probe_found(s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch):
+    """Every conditional request on a version sends the ETag as the server takes it: on RGW a quoted current
+    ETag is refused (412), so a renew, a replace, a GET on a version and a release all failed when sent
+    quoted; here each succeeds on its current version and is refused on a stale one."""
+    store = s3_store(monkeypatch, s3_env)
+    key = "claims/part-00000@0001"
+    v1 = made(store, key, LEASE)
+    v2 = store.renew(key, v1)
+    assert v2 is not None and store.replace(key, LEASE, if_ver=v1) is None
+    v3 = store.replace(key, LEASE, if_ver=v2)
+    assert v3 is not None and store._get(store._full(key), v3) is not None  # type: ignore[attr-defined]
+    assert store._get(store._full(key), v2) is None  # type: ignore[attr-defined]
+    assert store.release(key, v3) is True and body_of(store, key)["released"] is True
 
 
 def test_probe_reports_if_match_off_on_a_store_that_ignores_it(
@@ -556,8 +604,9 @@ def test_probe_reports_if_match_off_on_a_store_that_ignores_it(
     still holds, so the store is not refused."""
     store = s3_store(monkeypatch, moto_env_no_if_match)
     found = probe_store(store)
-    assert found == Capabilities(if_match=False)
-    assert found.line(store).endswith("create-once yes, If-Match no")
+    stripped = Capabilities(if_match=False, get_if_match=False, delete_if_match=False, copy_once=False)
+    assert found == stripped  # If-Match stripped from every request; If-None-Match kept but on Copy, as by moto
+    assert "create-once yes, If-Match no (ETag quoted)" in found.line(store)
     assert list(store.client.list_objects_v2(Bucket=BUCKET, Prefix=store.prefix).get("Contents", [])) == []
 
 
@@ -620,8 +669,9 @@ def test_upload_then_download_is_byte_identical(
     head = store.head(OUT)
     assert meta is not None and head is not None and (meta.size, meta.ver) == (head.size, head.ver) == (size, head.ver)
     assert meta.modified <= store.now() < meta.modified + CLOCK_SANITY_SECS
-    if not is_posix(store):
-        assert meta.ver.endswith('-2"') == (size > s3_upload.MIN_PART)  # two parts: it went by multipart
+    if not is_posix(store):  # two parts: it went by multipart; a create-once is one PUT where Complete ignores it
+        by_parts = size > s3_upload.MIN_PART and (not create_once or honours(store, "complete_once"))
+        assert meta.ver.endswith('-2"') == by_parts
     dest = tmp_path / "next" / "shard.jsonl"  # its folder is made
     got = store.download(OUT, dest)
     assert got is not None and (got.size, got.ver) == (size, meta.ver)
@@ -707,7 +757,7 @@ if hasattr(store, "client"):
             print("paused", flush=True)
             time.sleep(3600)
     store.client.meta.events.register("before-parameter-build.s3.UploadPart", pause)
-store.upload(sys.argv[2], sys.argv[3], create_once=True)
+store.upload(sys.argv[2], sys.argv[3], create_once=sys.argv[4] == "1")
 """
 
 
@@ -721,7 +771,7 @@ def test_a_killed_upload_leaves_no_key(store: Store, tmp_path: Path):
         local_file(local, 2 * s3_upload.MIN_PART + 1000)
     where = str(store.root) if is_posix(store) else store.url  # type: ignore[attr-defined]
     proc = subprocess.Popen(
-        [sys.executable, "-c", KILLED_UPLOAD, where, OUT, str(local)],
+        [sys.executable, "-c", KILLED_UPLOAD, where, OUT, str(local), "1" if honours(store, "complete_once") else ""],
         cwd=REPO,
         env=env_with(),  # the moto server's AWS_* from use_env
         stdout=subprocess.PIPE,
@@ -771,9 +821,9 @@ def force_one_resend(store, operation: str = "PutObject") -> list[int]:
     return sends
 
 
-def test_s3_create_resent_after_its_own_success_is_ours(moto_env: dict[str, str], monkeypatch: pytest.MonkeyPatch):
+def test_s3_create_resent_after_its_own_success_is_ours(s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch):
     """The first send created the key, its reply was lost; the resend gets 412: the stored bytes say it is ours."""
-    store = s3_store(monkeypatch, moto_env)
+    store = s3_store(monkeypatch, s3_env)
     sends = force_one_resend(store)
     ver = made(store, "done/x.json", b"ours\n")
     assert sends[:2] == [1, 2]  # it was sent twice
@@ -781,9 +831,9 @@ def test_s3_create_resent_after_its_own_success_is_ours(moto_env: dict[str, str]
     assert ver is not None and meta is not None and ver == meta.ver
 
 
-def test_s3_replace_resent_after_its_own_success_is_ours(moto_env: dict[str, str], monkeypatch: pytest.MonkeyPatch):
+def test_s3_replace_resent_after_its_own_success_is_ours(s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch):
     """The If-Match replace landed, its reply was lost; the resend gets 412 (the ETag moved, by us): resolved alike."""
-    store = s3_store(monkeypatch, moto_env)
+    store = s3_store(monkeypatch, s3_env)
     v1 = made(store, "state/progress.json", b"one\n")
     sends = force_one_resend(store)
     v2 = store.replace("state/progress.json", b"two\n", if_ver=v1)
@@ -792,8 +842,8 @@ def test_s3_replace_resent_after_its_own_success_is_ours(moto_env: dict[str, str
     assert v2 is not None and meta is not None and v2 == meta.ver != v1
 
 
-def test_s3_create_resent_onto_a_foreign_key_loses(moto_env: dict[str, str], monkeypatch: pytest.MonkeyPatch):
-    store = s3_store(monkeypatch, moto_env)
+def test_s3_create_resent_onto_a_foreign_key_loses(s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch):
+    store = s3_store(monkeypatch, s3_env)
     assert store.create("done/x.json", b"theirs\n") is not None
     sends = force_one_resend(store)
     assert store.create("done/x.json", b"ours\n") is None
@@ -806,15 +856,17 @@ def test_s3_create_resent_onto_a_foreign_key_loses(moto_env: dict[str, str], mon
     ("operation", "size"), [("PutObject", SIZES["small"]), ("CompleteMultipartUpload", SIZES["multipart"])]
 )
 def test_s3_upload_resent_after_its_own_success_is_ours(
-    moto_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, small_parts: None, operation, size
+    s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, small_parts: None, operation, size
 ):
     """The create-once PUT or Complete landed, its reply was lost and it was sent again: ours. The resent PUT
     gets 412 and the stored bytes decide; moto answers a resent Complete of the same upload 200 (idempotent,
     as AWS is), so ``MultipartWrite._ours_after_resend`` (412 or NoSuchUpload) is not reached here."""
-    store = s3_store(monkeypatch, moto_env)
+    store = s3_store(monkeypatch, s3_env)
     data = local_file(tmp_path / "out.jsonl", size)
-    sends = force_one_resend(store, operation)
-    meta = store.upload(OUT, tmp_path / "out.jsonl", create_once=True)
+    sends = force_one_resend(store, operation)  # RGW: a Complete only where no create-once is asked
+    meta = store.upload(
+        OUT, tmp_path / "out.jsonl", create_once=operation == "PutObject" or honours(store, "complete_once")
+    )
     assert sends[:2] == [1, 2]
     head = store.head(OUT)
     assert meta is not None and head is not None and meta.ver == head.ver
@@ -846,9 +898,9 @@ def test_s3_complete_resent_to_a_store_that_forgot_the_upload_is_ours_by_its_eta
 
 
 def test_s3_upload_resent_onto_a_foreign_key_loses(
-    moto_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ):
-    store = s3_store(monkeypatch, moto_env)
+    store = s3_store(monkeypatch, s3_env)
     made(store, OUT, b"theirs\n")
     local_file(tmp_path / "out.jsonl", SIZES["small"])
     sends = force_one_resend(store)
@@ -857,12 +909,10 @@ def test_s3_upload_resent_onto_a_foreign_key_loses(
     assert sends[:2] == [1, 2] and got is not None and got[0] == b"theirs\n"
 
 
-def test_s3_renew_counts_beats_and_release_marks_the_metadata(
-    moto_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
-):
+def test_s3_renew_counts_beats_and_release_marks_the_metadata(s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch):
     """Each beat rewrites the body with ``beat`` + 1 (a new ETag even within one second); another process's
     store, with nothing remembered, renews through one GET; release sets ``x-amz-meta-dje-released``."""
-    store = s3_store(monkeypatch, moto_env)
+    store = s3_store(monkeypatch, s3_env)
     key = "claims/part-00000@0001"
     ver = made(store, key, LEASE)
     vers = [ver]
@@ -882,9 +932,9 @@ def test_s3_renew_counts_beats_and_release_marks_the_metadata(
     assert head["Metadata"] == {"dje-released": "1"} and body_of(store, key)["released"] is True
 
 
-def test_s3_renew_resent_after_its_own_success_is_ours(moto_env: dict[str, str], monkeypatch: pytest.MonkeyPatch):
+def test_s3_renew_resent_after_its_own_success_is_ours(s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch):
     """A beat landed, its reply was lost; the resend's 412 is our own ETag move: the beat is not lost."""
-    store = s3_store(monkeypatch, moto_env)
+    store = s3_store(monkeypatch, s3_env)
     v1 = made(store, "claims/part-00000@0001", LEASE)
     assert v1 is not None
     sends = force_one_resend(store)
@@ -894,8 +944,8 @@ def test_s3_renew_resent_after_its_own_success_is_ours(moto_env: dict[str, str],
     assert v2 is not None and meta is not None and v2 == meta.ver != v1
 
 
-def test_s3_renew_refuses_a_body_that_is_not_a_lease(moto_env: dict[str, str], monkeypatch: pytest.MonkeyPatch):
-    store = s3_store(monkeypatch, moto_env)
+def test_s3_renew_refuses_a_body_that_is_not_a_lease(s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch):
+    store = s3_store(monkeypatch, s3_env)
     ver = made(store, "state/numbers.txt", b"1 2 3\n")
     assert ver is not None
     with pytest.raises(ValueError, match=r"state/numbers\.txt"):

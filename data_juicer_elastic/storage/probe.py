@@ -1,5 +1,6 @@
 """The startup probe (docs/OBJECT_STORE.md section 3): refuse a store that does not keep create-once writes,
-and find out whether it keeps ``If-Match`` (a capability: off is reported, not refused).
+and find out which other conditional requests it keeps, and in which form it takes an ETag (``Capabilities``,
+recorded by endpoint in ``conditions.py`` for every store of the process).
 
 Leases and done records rest on "the first create wins". An S3-compatible
 store that ignores ``If-None-Match: *`` lets a second writer overwrite the
@@ -14,13 +15,15 @@ import contextlib
 import os
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from typing import Any
 
 from data_juicer_elastic.errors import UserError
+from data_juicer_elastic.storage import conditions
+from data_juicer_elastic.storage.conditions import Capabilities, as_sent
 from data_juicer_elastic.storage.host import hostname
 from data_juicer_elastic.storage.posix import PosixStore
 from data_juicer_elastic.storage.s3 import S3Store
-from data_juicer_elastic.storage.s3_replies import _code
+from data_juicer_elastic.storage.s3_replies import _code, _refused
 from data_juicer_elastic.storage.store import Meta, Store
 
 _PROBED: dict[str, Capabilities] = {}  # this process's probes, by the store's describe(): one each
@@ -36,24 +39,14 @@ def probe_key() -> str:
     return f"{PROBE_FOLDER}/{hostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
-@dataclass(frozen=True)
-class Capabilities:
-    """What the store keeps beyond create-once (which the probe requires): one that is off is reported, not
-    refused; what the job does without it is for the steps that use it (docs/OBJECT_STORE.md section 6)."""
-
-    if_match: bool  # a replace conditional on a stale version is refused (412)
-
-    def line(self, store: Store) -> str:
-        """The one log line: ``store: s3://b/p (endpoint ...): create-once yes, If-Match no``."""
-        return f"store: {store.describe()}: create-once yes, If-Match {'yes' if self.if_match else 'no'}"
-
-
 def probe_store(store: Store) -> Capabilities:
     """The startup probe: refuse a store whose dialect has no compare-and-swap (lease renewals would race) or
     without create-once (StoreRefused), then what else it keeps."""
     check_dialect(store)
     try:
         check_create_once(store)
+        if isinstance(store, S3Store):
+            return probe_conditions(store)
         return Capabilities(if_match=check_if_match(store))
     except store.errors as exc:
         if _code(exc) != "NotImplemented":
@@ -138,3 +131,120 @@ def check_if_match(store: Store) -> bool:
         lost = store.replace(key, c, if_ver=stale)
         got = store.read(key)
         return lost is None and got is not None and got[0] == b
+
+
+def probe_conditions(store: S3Store) -> Capabilities:
+    """Each conditional request the protocol sends, tried on probe keys with the store's own client (so in
+    the exact form asked, and no request through ``S3Store`` waits on this probe): PUT, GET and DELETE
+    ``If-Match`` on a stale ETag, ``If-None-Match: *`` on Complete and on Copy onto a key. The ETag form is
+    learned first: quoted, and bare only where the quoted current ETag is refused. Recorded for the
+    endpoint (``conditions.learn``) and returned."""
+    with _probing(store) as key, _probing(store) as other:
+        full = store._full(key)
+        stale = _create_fresh(store, key, b"probe A\n").ver
+        quoted, current = True, _put_if(store, full, b"probe B\n", IfMatch=as_sent(stale, True))
+        if current is None:
+            quoted, current = False, _put_if(store, full, b"probe B\n", IfMatch=as_sent(stale, False))
+        if current is None:  # refused on the version it has in either form: not understood
+            found = Capabilities(if_match=False, get_if_match=False, delete_if_match=False)
+        else:
+            found = Capabilities(
+                if_match=_put_if(store, full, b"probe C\n", IfMatch=as_sent(stale, quoted)) is None
+                and _body(store, full) == b"probe B\n",
+                etag_quoted=quoted,
+                get_if_match=_get_if_refused(store, full, as_sent(stale, quoted), as_sent(current, quoted)),
+                complete_once=_complete_refused(store, full),
+                copy_once=_copy_refused(store, full, other),
+                delete_if_match=_delete_refused(store, full, as_sent(stale, quoted)),
+            )
+    conditions.learn(store.endpoint, found)
+    return found
+
+
+def _put_if(store: S3Store, full: str, data: bytes, **condition: str) -> str | None:
+    """One conditional PUT: its ETag, or None when refused (412)."""
+    try:
+        return str(store.client.put_object(Bucket=store.bucket, Key=full, Body=data, **condition)["ETag"])
+    except store._client_error as exc:
+        if _refused(exc):
+            return None
+        raise
+
+
+def _body(store: S3Store, full: str) -> bytes | None:
+    got = store._get_resp(full)
+    if got is None:
+        return None
+    with got["Body"] as body:
+        return body.read()
+
+
+def _honoured(call: Callable[[], Any], store: S3Store) -> bool:
+    """Whether ``call`` (a request on a stale or taken key) was refused with 412; any other error (400, 501,
+    a botocore without the parameter) reads as not honoured."""
+    from botocore.exceptions import ParamValidationError
+
+    try:
+        call()
+    except store._client_error as exc:
+        return _refused(exc)
+    except ParamValidationError:
+        return False
+    return False
+
+
+def _get_if_refused(store: S3Store, full: str, stale: str, current: str) -> bool:
+    """GET If-Match: the current ETag answered, a stale one refused."""
+    try:
+        store.client.get_object(Bucket=store.bucket, Key=full, IfMatch=current)["Body"].close()
+    except store._client_error:
+        return False
+    return _honoured(lambda: store.client.get_object(Bucket=store.bucket, Key=full, IfMatch=stale), store)
+
+
+def _complete_refused(store: S3Store, full: str) -> bool:
+    """CompleteMultipartUpload ``If-None-Match: *`` onto the existing ``full`` (one part of 2 bytes)."""
+    where = {"Bucket": store.bucket, "Key": full}
+    before = _body(store, full)
+    upload = store.client.create_multipart_upload(**where)["UploadId"]
+    try:
+        part = store.client.upload_part(**where, UploadId=upload, PartNumber=1, Body=b"Z\n")
+        parts = {"Parts": [{"PartNumber": 1, "ETag": part["ETag"]}]}
+        return (
+            _honoured(
+                lambda: store.client.complete_multipart_upload(
+                    **where, UploadId=upload, MultipartUpload=parts, IfNoneMatch="*"
+                ),
+                store,
+            )
+            and _body(store, full) == before
+        )
+    finally:
+        with contextlib.suppress(*store.errors):
+            store.client.abort_multipart_upload(**where, UploadId=upload)
+
+
+def _copy_refused(store: S3Store, full: str, other: str) -> bool:
+    """CopyObject ``If-None-Match: *`` of ``full`` onto ``other``, which exists."""
+    _create_fresh(store, other, b"probe D\n")
+    target = store._full(other)
+    source = {"Bucket": store.bucket, "Key": full}
+    copy = {"Bucket": store.bucket, "Key": target, "CopySource": source, "IfNoneMatch": "*"}
+    return _honoured(lambda: store.client.copy_object(**copy), store) and _body(store, target) == b"probe D\n"
+
+
+def _delete_refused(store: S3Store, full: str, stale: str) -> bool:
+    """DeleteObject ``If-Match`` on a stale ETag: refused, and the key is still there."""
+    delete = {"Bucket": store.bucket, "Key": full, "IfMatch": stale}
+    return _honoured(lambda: store.client.delete_object(**delete), store) and _body(store, full) is not None
+
+
+def refuse_delete_if_match(store: Store) -> StoreRefused:
+    """The refusal of a command that deletes a record only in the version it read, on a store that ignores
+    ``If-Match`` on DELETE (the record could be another writer's newer one by then)."""
+    return StoreRefused(
+        f"{store.describe()}: the store ignores If-Match on DELETE (the startup probe deleted a key on a stale "
+        "ETag), so `dj-elastic retry` could delete a done or failed record written after it read it. Run the "
+        "retry with the job dir on a store that honours conditional deletes (AWS S3) or on a shared POSIX "
+        "directory, or rerun the job under a new job_dir."
+    )

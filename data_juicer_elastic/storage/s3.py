@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import io
 import os
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from typing import Any, BinaryIO
 import orjson
 
 from data_juicer_elastic.errors import UserError
-from data_juicer_elastic.storage import dialects
+from data_juicer_elastic.storage import conditions, dialects
 from data_juicer_elastic.storage.blocks import BLOCK
 from data_juicer_elastic.storage.files import dumps_json, rename_staged, stage_blocks
 from data_juicer_elastic.storage.keys import Entry, Meta, Ver, is_internal, normalise_key, normalise_prefix
@@ -89,6 +90,7 @@ class S3Store:
 
         self.errors: tuple[type[Exception], ...] = (OSError, self._client_error, BotoCoreError)
         self._beats = BeatBook()  # by full key: the last beat of each lease, and the beats in flight
+        self._probe_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"S3Store({self.bucket!r}, {self.prefix!r}, {self.endpoint!r})"
@@ -110,6 +112,23 @@ class S3Store:
         dialect = "" if self.dialect == "s3" else f", dialect {self.dialect}"
         return f"{self.url} (endpoint {self.endpoint}{dialect})"
 
+    def conditions(self) -> conditions.Capabilities:
+        """What the startup probe found on this endpoint; probed now (once a process) where it has not run yet,
+        so no conditional request goes out in a form the server was not seen to take."""
+        found = conditions.seen(self.endpoint)
+        if found is None and not self.keeps_if_match:  # the dialect has none (OSS): nothing to probe for
+            return conditions.Capabilities(if_match=False, get_if_match=False, delete_if_match=False)
+        if found is None:
+            from data_juicer_elastic.storage.probe import probe_conditions  # it imports this module
+
+            with self._probe_lock:
+                found = conditions.seen(self.endpoint) or probe_conditions(self)
+        return found
+
+    def sent(self, etag: Ver) -> str:
+        """``etag`` as this endpoint takes it in ``If-Match`` (quoted or bare: the probe's finding)."""
+        return conditions.as_sent(etag, self.conditions().etag_quoted)
+
     def with_clock(self, key: str) -> S3Store:
         return self  # every response carries the store's own Date
 
@@ -122,7 +141,7 @@ class S3Store:
 
     def replace(self, key: str, data: bytes, if_ver: Ver | None = None, *, durable: bool = True) -> Ver | None:
         """One PUT, ``If-Match`` with ``if_ver`` (``durable`` changes nothing: an answered PUT is durable)."""
-        return self._put(self._full(normalise_key(key)), data, {} if if_ver is None else {"IfMatch": if_ver})
+        return self._put(self._full(normalise_key(key)), data, {} if if_ver is None else {"IfMatch": self.sent(if_ver)})
 
     def renew(self, key: str, ver: Ver) -> Ver | None:
         """An If-Match PUT of the next beat, its body carrying a fresh ``beat_token``; where the ETag moved,
@@ -135,7 +154,7 @@ class S3Store:
                 break
             body = next_body(beat)
             self._beats.sending(full, body["beat_token"])
-            resp = self._put_resp(full, dumps_json(body), {"IfMatch": beat.ver})
+            resp = self._put_resp(full, dumps_json(body), {"IfMatch": self.sent(beat.ver)})
             if resp is not None:
                 new = str(resp["ETag"])
                 self._beats.remember(full, Beat(new, body, False, _date(resp), time.monotonic()))
@@ -161,7 +180,7 @@ class S3Store:
             if beat.released:
                 return True
             data = dumps_json({**beat.body, "released": True})
-            if self._put_resp(full, data, {"IfMatch": beat.ver}, {RELEASED_META: "1"}) is not None:
+            if self._put_resp(full, data, {"IfMatch": self.sent(beat.ver)}, {RELEASED_META: "1"}) is not None:
                 return True
         return False
 
@@ -224,7 +243,13 @@ class S3Store:
         return None if resp is None else _Body(resp["Body"])  # type: ignore[return-value]
 
     def delete(self, key: str, if_ver: Ver | None = None) -> bool:
-        condition = {} if if_ver is None else {"IfMatch": if_ver}
+        """One DELETE; with ``if_ver``, ``If-Match``, which a store that ignores it (the probe says) cannot
+        keep: refused before anything is deleted (``dj-elastic retry``, the one caller, refuses at its start)."""
+        condition = {} if if_ver is None else {"IfMatch": self.sent(if_ver)}
+        if if_ver is not None and not self.conditions().delete_if_match:
+            from data_juicer_elastic.storage.probe import refuse_delete_if_match
+
+            raise refuse_delete_if_match(self)
         try:
             self.client.delete_object(Bucket=self.bucket, Key=self._full(normalise_key(key)), **condition)
         except self._client_error as exc:
@@ -308,12 +333,14 @@ class S3Store:
         raise AssertionError("unreachable: the last try returns or raises")
 
     def _get(self, full: str, if_ver: Ver | None = None) -> tuple[bytes, dict[str, Any]] | None:
-        """A key's bytes and GET response; None when missing, or, with ``if_ver``, when its ETag moved."""
-        resp = self._get_resp(full, **({"IfMatch": if_ver} if if_ver else {}))
+        """A key's bytes and GET response; None when missing, or, with ``if_ver``, when its ETag moved (the
+        response's ETag compared too: a store may ignore If-Match on GET, and then none is sent)."""
+        condition = {"IfMatch": self.sent(if_ver)} if if_ver and self.conditions().get_if_match else {}
+        resp = self._get_resp(full, **condition)
         if resp is None:
             return None
         with resp["Body"] as body:
-            return body.read(), resp
+            return None if if_ver and not conditions.same_etag(resp["ETag"], if_ver) else (body.read(), resp)
 
     def _get_resp(self, full: str, **extra: str) -> dict[str, Any] | None:
         """A GET's response, its body unread; None when missing, or when an ``IfMatch`` in ``extra`` failed."""
@@ -327,7 +354,7 @@ class S3Store:
     def _beat(self, full: str, ver: Ver | None) -> Beat | None:
         """The lease at ``full`` if it still has ``ver`` (any version when None): from memory, else one GET."""
         beat = self._beats.get(full)
-        if beat is not None and ver is not None and beat.ver == ver:
+        if beat is not None and ver is not None and conditions.same_etag(beat.ver, ver):
             return beat
         got = self._get(full, ver)
         if got is None:

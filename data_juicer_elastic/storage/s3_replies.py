@@ -8,6 +8,7 @@ from __future__ import annotations
 from email.utils import parsedate_to_datetime
 from typing import Any
 
+from data_juicer_elastic.storage.conditions import as_sent
 from data_juicer_elastic.storage.keys import Meta
 
 RELEASED_META = "dje-released"  # x-amz-meta-dje-released: 1 on a released lease, read by HEAD
@@ -47,4 +48,9 @@ def _meta(resp: dict[str, Any], size: int) -> Meta:
     """A GET's or HEAD's Meta; a PUT's response has no Last-Modified: the write is stamped at its ``Date``."""
     date = _date(resp)
     modified = resp["LastModified"].timestamp() if "LastModified" in resp else date
-    return Meta(size, str(resp["ETag"]), modified, date, _released(resp))
+    return Meta(size, quoted(str(resp["ETag"])), modified, date, _released(resp))
+
+
+def quoted(etag: str) -> str:
+    """An ETag as HEAD and LIST give it, in quotes, whatever form a reply used (RGW's Complete: bare)."""
+    return as_sent(etag, True)

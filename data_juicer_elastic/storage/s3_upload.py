@@ -28,11 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from data_juicer_elastic.storage.blocks import BLOCK, blocks
+from data_juicer_elastic.storage.conditions import same_etag
 from data_juicer_elastic.storage.keys import Meta, normalise_key
 from data_juicer_elastic.storage.s3_replies import _code, _date, _meta, _refused, _retried
 
 S3Store = Any  # an ``S3Store`` (storage/s3.py), not imported: its ``upload`` is ``put_file``, so s3.py imports this
 
+PUT_LIMIT = 5 << 30  # S3's largest single PUT
 MIN_PART = 5 << 20  # S3's smallest part but the last
 PART_SIZE = 16 << 20  # the default part, grown so that no upload needs more than MAX_PARTS; a file up to it is one PUT
 MAX_PARTS = 9000  # S3 allows 10,000: room for a size estimate that falls short
@@ -131,7 +133,7 @@ class MultipartWrite:
         parts = [{"PartNumber": n, "ETag": f.result()["ETag"]} for n, f, _ in self.sent]
         if self.expect != ANY:
             seen = self.store.head(self.key)
-            if (seen.ver if seen else None) != self.expect:
+            if not same_etag(seen.ver if seen else None, self.expect):
                 raise Refused(f"s3://{self.store.bucket}/{self.full}: {'changed' if self.expect else 'appeared'}")
         try:
             resp = self.client.complete_multipart_upload(
@@ -139,7 +141,7 @@ class MultipartWrite:
                 Key=self.full,
                 UploadId=self.upload_id,
                 MultipartUpload={"Parts": parts},
-                **_condition(self.expect),
+                **_condition(self.store, self.expect),
             )
         except self.store._client_error as exc:
             if not _refused(exc) and _code(exc) != "NoSuchUpload":
@@ -150,17 +152,30 @@ class MultipartWrite:
             self.upload_id = None
             return ours
         self.upload_id = None  # completed: nothing to abort
+        if not str(resp.get("ETag") or "").strip('"'):  # Ceph RGW 16 answers an empty <ETag></ETag>
+            return self._headed(resp)
         return Written.of(resp, self.size)
+
+    def _headed(self, resp: dict[str, Any]) -> Written:
+        """The object's Meta from a HEAD, for a Complete that answered no ETag; its stamp stays the Complete's
+        ``Date``. A HEAD that finds an object of another size (a write after ours) gives way to the ETag our
+        parts make."""
+        meta = self.store.head(self.key)
+        ver = meta.ver if meta is not None and meta.size == self.size else self._parts_etag()
+        return Written.of({**resp, "ETag": ver}, self.size)
 
     def _ours_after_resend(self) -> Written | None:
         """A Complete that botocore sent again after its first send landed: the object's ETag is the one
         these parts make (md5 of the parts' md5s, ``-<count>``)."""
-        digests = b"".join(bytes.fromhex(md5) for _, _, md5 in self.sent)
-        want = f'"{_md5(digests)}-{len(self.sent)}"'
         meta = self.store.head(self.key)
-        if meta is None or meta.ver != want or meta.size != self.size:
+        if meta is None or not same_etag(meta.ver, self._parts_etag()) or meta.size != self.size:
             return None
         return Written(meta, None)
+
+    def _parts_etag(self) -> str:
+        """The ETag S3 gives the object these parts make: the md5 of the parts' md5s, ``-<count>``."""
+        digests = b"".join(bytes.fromhex(md5) for _, _, md5 in self.sent)
+        return f'"{_md5(digests)}-{len(self.sent)}"'
 
     def abort(self) -> None:
         """Drop the upload (once; a completed one has nothing to drop)."""
@@ -179,11 +194,12 @@ def _md5(data: bytes) -> str:
     return hashlib.md5(data).hexdigest()  # S3's part ETag, not security
 
 
-def _condition(expect: str | None) -> dict[str, str]:
-    """The precondition a write under ``expect`` (as ``MultipartWrite`` takes it) sends."""
+def _condition(store: S3Store, expect: str | None) -> dict[str, str]:
+    """The precondition a write under ``expect`` (as ``MultipartWrite`` takes it) sends, the ETag in the form
+    the store takes."""
     if expect == ANY:
         return {}
-    return {"IfMatch": expect} if expect else {"IfNoneMatch": "*"}
+    return {"IfMatch": store.sent(expect)} if expect else {"IfNoneMatch": "*"}
 
 
 def put_file(
@@ -196,8 +212,10 @@ def put_file(
     size = os.stat(path).st_size
     if size <= PART_SIZE:
         data = Path(path).read_bytes()
-        resp = store._put_resp(store._full(normalise_key(key)), data, _condition(expect), metadata)
+        resp = store._put_resp(store._full(normalise_key(key)), data, _condition(store, expect), metadata)
         return None if resp is None else Written.of(resp, len(data))
+    if expect is None and size <= PUT_LIMIT and not store.conditions().complete_once:
+        return _put_streamed(store, key, path, size, metadata)
     try:
         up = MultipartWrite(store, key, expect, part_size_for(size), metadata)
         with open(path, "rb", buffering=0) as f, up:
@@ -206,6 +224,33 @@ def put_file(
             return up.complete()
     except Refused:
         return None
+
+
+def _put_streamed(
+    store: S3Store, key: str, path: str | os.PathLike, size: int, metadata: dict[str, str] | None
+) -> Written | None:
+    """One ``If-None-Match: *`` PUT of the file, streamed: create-once on a store that ignores it on Complete
+    (the probe says) but keeps it on PUT. None when refused; a resend whose first send landed is ours when
+    the object there has the file's size and md5 (a single PUT's ETag)."""
+    full = store._full(normalise_key(key))
+    extra: dict[str, Any] = {"IfNoneMatch": "*", **({"Metadata": metadata} if metadata else {})}
+    with open(path, "rb") as f:
+        try:
+            return Written.of(dict(store.client.put_object(Bucket=store.bucket, Key=full, Body=f, **extra)), size)
+        except store._client_error as exc:
+            if not _refused(exc):
+                raise
+            meta = store.head(key) if _retried(exc) else None
+    if meta is None or meta.size != size or not same_etag(meta.ver, _file_md5(path)):
+        return None
+    return Written(meta, None)
+
+
+def _file_md5(path: str | os.PathLike) -> str:
+    digest = hashlib.md5()  # S3's ETag of a single PUT, not security
+    for block in blocks(path):
+        digest.update(block)
+    return digest.hexdigest()
 
 
 def upload_file(store: S3Store, key: str, path: Path, sha256: str, *, tick: Callable | None = None) -> Written:
