@@ -77,11 +77,14 @@ def before_setup(cfg: Any, normalize: Any = None) -> None:
         if KEY in cfg:
             del cfg[KEY]
         return
+    from data_juicer_elastic.console import quiet_libraries
+    from data_juicer_elastic.plugin.schema import settings_from_cfg
+
+    block = cfg.get(KEY)
+    quiet_libraries(block.get("console") if hasattr(block, "get") else None)  # before validation opens the store
     on_parsed(cfg, normalize)
     if not cfg.get("work_dir"):
         # Data-Juicer would make a timestamped folder beside export_path on every run
-        from data_juicer_elastic.plugin.schema import settings_from_cfg
-
         cfg.work_dir = dj_work_dir(settings_from_cfg(cfg).job_dir)
 
 
