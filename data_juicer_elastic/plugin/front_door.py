@@ -30,7 +30,7 @@ _last_parser: list[Any] = [None]
 
 def extend_parser(parser: Any) -> Any:
     """Registered executor types become valid choices; the elastic_shard keys are added."""
-    from data_juicer_elastic.plugin.schema import add_arguments
+    from data_juicer_elastic.plugin.schema import add_arguments, suggest_keys
 
     for action in parser._actions:
         if getattr(action, "dest", None) == "executor_type" and action.choices is not None:
@@ -39,6 +39,7 @@ def extend_parser(parser: Any) -> Any:
             if extra:
                 action.help = f"{action.help} Registered by plugins: {', '.join(extra)}."
     add_arguments(parser)
+    suggest_keys(parser)
     _last_parser[0] = parser
     return parser
 
