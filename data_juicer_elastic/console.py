@@ -7,9 +7,13 @@ attempt, so :func:`attempt_log` writes every message of an attempt to its
 this project's own lines (elections, one line per shard, takeovers, progress)
 and the warnings and errors of Data-Juicer and Ray, each distinct one once per
 process, except those that mislead here (:data:`NOT_FOR_THE_STORY`; they stay
-in the attempt's log). ``elastic_shard.console: full`` or
-``DJ_ELASTIC_CONSOLE=full`` keeps Data-Juicer's and Ray's console output as
-they ship it.
+in the attempt's log). Libraries' loggers (:data:`LIBRARY_LOGGERS`: botocore says
+"Found credentials" on every client) log warnings and up; a line any library
+logs through the root logger's console handler (which Data-Juicer's ops set up
+with ``logging.basicConfig``) goes to the process's log files, not the console,
+unless it is a story line. ``elastic_shard.console: full`` or
+``DJ_ELASTIC_CONSOLE=full`` keeps Data-Juicer's, Ray's and the libraries'
+console output as they ship it.
 
 This module imports neither Ray nor Data-Juicer (loguru only inside
 functions): the loguru and Ray internals it needs are reached through
@@ -50,7 +54,11 @@ NOT_FOR_THE_STORY = (
     "Token authentication is enabled for this Ray cluster",
     # Ray, with several nodes' Ray instances on one machine (tests, a laptop): each connects to its own
     "Found multiple active Ray instances",
+    # Ray Data, once per process: a knob of Ray's, not of a recipe
+    "Progress bars disabled",
 )
+# Loggers of the storage and HTTP libraries: at WARNING in story mode, unless something set a level on them
+LIBRARY_LOGGERS = ("botocore", "boto3", "s3transfer", "urllib3", "aiobotocore", "s3fs", "fsspec", "moto", "filelock")
 STORY_FORMAT = "<green>{time:YYYY-MM-DD HH:mm:ss}</green> | <level>{level: <7}</level> | {message}"
 
 _seen: set[str] = set()
@@ -118,6 +126,7 @@ def install_story_console(mode: str | None = None) -> bool:
         if not replace_console_sinks(_is_console, add):  # another loguru: leave its output alone
             return False
         _installed["loguru"] = True
+    quiet_libraries(mode)
     file_sinks_fit()  # named in the start-up line if not (plugin/executor.py moves Data-Juicer's log files)
     _route_python_warnings()
     quiet_ray_console()
@@ -158,6 +167,40 @@ class _RayConsoleFilter(logging.Filter):
 
 
 _RAY_FILTER = _RayConsoleFilter()
+
+
+class _RootConsoleFilter(logging.Filter):
+    """The root logger's console handlers keep the story's records; the others go to loguru's file sinks
+    (the process's log files, the running attempt's log), never to the console."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if story_record(record.name, record.levelno, message):
+            return True
+        if not record.name.startswith("ray"):  # Ray's own handlers put its records where they belong
+            from loguru import logger
+
+            logger.patch(lambda r: r.update(name=record.name)).log(record.levelname, message)
+        return False
+
+
+_ROOT_FILTER = _RootConsoleFilter()
+
+
+def quiet_libraries(mode: str | None = None) -> bool:
+    """Library loggers at WARNING and the root console handlers on the story (True), unless the console is
+    ``full``; a logger someone gave a level keeps it, so a user who asks a library for more gets it."""
+    if console_mode(mode) == "full":
+        return False
+    for name in LIBRARY_LOGGERS:
+        lg = logging.getLogger(name)
+        if lg.level == logging.NOTSET:
+            lg.setLevel(logging.WARNING)
+    for handler in logging.getLogger().handlers:
+        stream = isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler)
+        if stream and _is_console(handler.stream) and _ROOT_FILTER not in handler.filters:
+            handler.addFilter(_ROOT_FILTER)
+    return True
 
 
 def quiet_ray_console() -> None:

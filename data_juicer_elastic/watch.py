@@ -102,19 +102,39 @@ def job_progress(job_dir: str) -> str | None:
 
 
 class ProgressTicker:
-    """A daemon thread that logs the progress line every ``interval`` seconds while the job runs."""
+    """A daemon thread that logs the progress line every ``interval`` seconds while the job runs.
+
+    The job's verdict (a PASS: or FAIL: line logged through :meth:`story`) is its last word: no progress
+    line follows it, though the process still closes its runner after it.
+    """
+
+    VERDICTS = ("PASS:", "FAIL:")
 
     def __init__(self, job_dir: str, interval: float | None, log: Callable[[str], None]) -> None:
         self.job_dir, self.interval, self.log = job_dir, interval, log
         self.reader = ProgressReader(job_dir)
         self._stop = threading.Event()
+        self._lock = threading.Lock()  # a tick read before the verdict is not logged after it
         self._thread = threading.Thread(target=self._run, name="dje-progress", daemon=True)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             line = self.reader.line()
-            if line and not self._stop.is_set():
-                self.log(line)
+            with self._lock:
+                if line and not self._stop.is_set():
+                    self.log(line)
+
+    def story(self, log: Callable[[str], None]) -> Callable[[str], None]:
+        """``log``, which stops the ticks for good when it logs the verdict."""
+
+        def logged(line: str) -> None:
+            if not line.startswith(self.VERDICTS):
+                return log(line)
+            with self._lock:
+                self._stop.set()
+                log(line)
+
+        return logged
 
     def __enter__(self) -> ProgressTicker:
         if self.interval:

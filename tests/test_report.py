@@ -89,9 +89,22 @@ def expected_outcomes(job: JobDir, killed_host: str) -> dict[tuple[str, int], st
     return want
 
 
-def run_nodes(tmp: Path) -> tuple[JobDir, list[str], list[subprocess.Popen]]:
-    """Three nodes of one run: node-c hangs in its first shard and is killed; node-a and node-b finish,
-    failing the first attempt of two shards (returned)."""
+def renewed_for(job: JobDir, secs: float) -> bool:
+    """A lease was renewed ``secs`` after its attempt started (its worker lived that long in the shard)."""
+    for lease in job.claims_dir.iterdir() if job.claims_dir.is_dir() else ():
+        sid, _, n = lease.name.partition("@")
+        try:
+            started = orjson.loads((job.attempt_dir(sid, int(n)) / "attempt.json").read_bytes())["started_at"]
+            if lease.stat().st_mtime - started >= secs:
+                return True
+        except (OSError, ValueError, KeyError):
+            continue
+    return False
+
+
+def run_nodes(tmp: Path, hold: float = 0.0) -> tuple[JobDir, list[str], list[subprocess.Popen]]:
+    """Three nodes of one run: node-c hangs in its first shard (its lease renewed ``hold`` seconds in it) and is
+    killed; node-a and node-b finish, failing the first attempt of two shards (returned)."""
     dataset = write_corpus(tmp / "input" / "data.jsonl", 480)
     job = JobDir(tmp / "job")
 
@@ -106,7 +119,7 @@ def run_nodes(tmp: Path) -> tuple[JobDir, list[str], list[subprocess.Popen]]:
             )
 
     hung = node("node-c", DJE_TEST_HANG="1")
-    wait_for(lambda: any(job.attempts_dir.glob("*/*/started")), timeout=120)
+    wait_for(lambda: any(job.attempts_dir.glob("*/*/started")) and renewed_for(job, hold), timeout=120)
     os.killpg(hung.pid, signal.SIGKILL)
     hung.wait()
     # node-c scans from an offset of its own and may have held any shard (a prefetch too): the injected

@@ -30,17 +30,31 @@ def coordinate(
     spec: JobSpec,
     log: Log,
     on_interrupted: Callable[[Outcome], object] | None = None,
+    *,
+    replace_gone: bool = False,
 ) -> Outcome:
     """Win ``role``'s election and publish ``work()``'s outcome, or wait for the winner's.
 
     ``on_interrupted`` sees the failure of a coordinator told to stop before the election publishes it.
+    With ``replace_gone``, a winner of this host that provably no longer runs (a node killed and started
+    again) is succeeded at once rather than waited for until its heartbeat runs out.
     """
     name = f"{role}.coordinator.json"
-    won, ballot = run.elect(name)
+    published = run.read(f"{role}.result.json")
+    if published is not None:  # a process started after the coordinator ended: nothing to wait for
+        ballot = run.record(name)
+        log(f"{role} was done by host={ballot.get('host')} pid={ballot.get('pid')}")
+        return published
+    before = run.record(name) if replace_gone else {}
+    won, ballot = run.elect(name, replace_gone=replace_gone)
     if not won:
         log(f"{role} coordinator is host={ballot.get('host')} pid={ballot.get('pid')}; waiting for it")
         return wait_for_result(run, role, ballot, spec)
-    log(f"elected as {role} coordinator")
+    if before:
+        gone = f"host={before.get('host')} pid={before.get('pid')}"
+        log(f"elected as {role} coordinator, taking over from {gone}, which is gone (killed and restarted?)")
+    else:
+        log(f"elected as {role} coordinator")
     interval = min(spec.poll_interval_secs, spec.timeout / 4)
     with LeaseRefresher(run.store, run.key(name), run.won[name], interval, log=log):
         return run.publish(f"{role}.result.json", _work(run, role, work, log, on_interrupted))

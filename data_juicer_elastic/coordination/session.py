@@ -120,7 +120,7 @@ class _Session:
         probe_once(store, self.log)  # an object store that lets a second create through is refused (exit 2)
         run = RunDir.open(store, run_key(self.run_id), self.run_id, self.host)
         ended = self.ended_before(run)
-        outcome = coordinate(run, "prepare", self.do_prepare, self.spec, self.log)
+        outcome = coordinate(run, "prepare", self.do_prepare, self.spec, self.log, replace_gone=True)
         if outcome.exit_code == EXIT_OK:
             outcome = self.check_same_request(outcome, ended)
         elif ended is not None:

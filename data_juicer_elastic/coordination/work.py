@@ -20,6 +20,7 @@ from data_juicer_elastic.coordination.run_id import safe_key
 from data_juicer_elastic.coordination.rundir import EXIT_FAILED, EXIT_OK, Outcome, RunDir
 from data_juicer_elastic.coordination.spec import JobSpec
 from data_juicer_elastic.errors import IntegrityError
+from data_juicer_elastic.folder_export import is_folder_export
 from data_juicer_elastic.job.claims import claim_store
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.records.done import load_done
@@ -215,7 +216,8 @@ class AfterPrepare:
         the merging run may see the merge record and publish before the coordinator does)."""
         expected = f" ({len(hosts)} of {self.spec.nodes} expected nodes)" if self.spec.nodes else ""
         message = f"{shards} shards completed by {len(hosts)} host(s){expected}: {_listing(hosts)}; "
-        return Outcome(EXIT_OK, f"{message}{rows} rows merged into {output}{note}", self.host, self.run.pid, hosts)
+        into = f"written to folder {output}" if is_folder_export(output) else f"merged into {output}"
+        return Outcome(EXIT_OK, f"{message}{rows} rows {into}{note}", self.host, self.run.pid, hosts)
 
     def write_report(self) -> None:
         """The job report in the job dir; a report that cannot be written never fails the job."""

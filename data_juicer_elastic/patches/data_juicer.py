@@ -67,7 +67,8 @@ PARSER = _declare(
 )
 SETUP = _declare(
     "data_juicer.config.config.init_setup_from_cfg",
-    "parse-time validation and snapshot of an elastic_shard recipe; its work dir; the story console",
+    "parse-time validation and snapshot of an elastic_shard recipe; its work dir; the story console from "
+    "Data-Juicer's setup_logger on",
     "an elastic_shard recipe cannot run",
 )
 TABLE = _declare(
@@ -190,8 +191,10 @@ def patch_config(module: ModuleType, front_door: FrontDoor) -> bool:
     @functools.wraps(init_setup_from_cfg)
     def init_setup_from_cfg_checked(cfg: Any, *args: Any, **kwargs: Any) -> Any:
         front_door.before_setup(cfg, getattr(module, "_normalize_partition_size_config", None))
-        result = init_setup_from_cfg(cfg, *args, **kwargs)
-        front_door.after_setup(cfg)
+        after = _once(lambda: front_door.after_setup(cfg))
+        with _after_call(module, "setup_logger", after):  # its next lines (dataset_path ...) miss the console
+            result = init_setup_from_cfg(cfg, *args, **kwargs)
+        after()
         return result
 
     @functools.wraps(display_config)
@@ -202,6 +205,41 @@ def patch_config(module: ModuleType, front_door: FrontDoor) -> bool:
     ok = apply(SETUP, version, lambda: _replace(module, "init_setup_from_cfg", init_setup_from_cfg_checked)) and ok
     apply(TABLE, version, lambda: _replace(module, "display_config", display_config_quiet))
     return ok
+
+
+def _once(fn: Callable[[], None]) -> Callable[[], None]:
+    done: list[bool] = []
+
+    def call() -> None:
+        if not done:
+            done.append(True)
+            fn()
+
+    return call
+
+
+class _after_call:
+    """``module.name`` calls ``then()`` after itself while the block runs (nothing if it has no ``name``)."""
+
+    def __init__(self, module: ModuleType, name: str, then: Callable[[], None]) -> None:
+        self.module, self.name, self.then = module, name, then
+        self.original = getattr(module, name, None)
+
+    def __enter__(self) -> None:
+        if callable(self.original):
+            original, then = self.original, self.then
+
+            @functools.wraps(original)
+            def call_then(*args: Any, **kwargs: Any) -> Any:
+                result = original(*args, **kwargs)
+                then()
+                return result
+
+            setattr(self.module, self.name, call_then)
+
+    def __exit__(self, *exc: object) -> None:
+        if callable(self.original):
+            setattr(self.module, self.name, self.original)
 
 
 # data_juicer.core.executor.factory --------------------------------------------------------

@@ -210,8 +210,8 @@ class ElasticShardExecutor(ExecutorBase):
     def run(self, load_data_np: int | None = None, skip_return: bool = False) -> None:
         """This process's part of the job; raises JobFailed (with the shared exit code) unless it passed."""
         interval = settings_from_cfg(self.cfg).progress_interval_secs
-        with ProgressTicker(self.spec.job_dir, interval, logger.info):
-            code = run_job(self.spec, log=logger.info)
+        with ProgressTicker(self.spec.job_dir, interval, logger.info) as ticker:
+            code = run_job(self.spec, log=ticker.story(logger.info))
         if code != 0:
             error = JobFailed(
                 f"elastic_shard job {self.spec.job_dir} ended with exit code {code} (see the FAIL line above); "

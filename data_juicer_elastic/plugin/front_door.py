@@ -30,7 +30,7 @@ _last_parser: list[Any] = [None]
 
 def extend_parser(parser: Any) -> Any:
     """Registered executor types become valid choices; the elastic_shard keys are added."""
-    from data_juicer_elastic.plugin.schema import add_arguments
+    from data_juicer_elastic.plugin.schema import add_arguments, suggest_keys
 
     for action in parser._actions:
         if getattr(action, "dest", None) == "executor_type" and action.choices is not None:
@@ -39,6 +39,7 @@ def extend_parser(parser: Any) -> Any:
             if extra:
                 action.help = f"{action.help} Registered by plugins: {', '.join(extra)}."
     add_arguments(parser)
+    suggest_keys(parser)
     _last_parser[0] = parser
     return parser
 
@@ -77,11 +78,14 @@ def before_setup(cfg: Any, normalize: Any = None) -> None:
         if KEY in cfg:
             del cfg[KEY]
         return
+    from data_juicer_elastic.console import quiet_libraries
+    from data_juicer_elastic.plugin.schema import settings_from_cfg
+
+    block = cfg.get(KEY)
+    quiet_libraries(block.get("console") if hasattr(block, "get") else None)  # before validation opens the store
     on_parsed(cfg, normalize)
     if not cfg.get("work_dir"):
         # Data-Juicer would make a timestamped folder beside export_path on every run
-        from data_juicer_elastic.plugin.schema import settings_from_cfg
-
         cfg.work_dir = dj_work_dir(settings_from_cfg(cfg).job_dir)
 
 

@@ -7,6 +7,8 @@ YAML and on the command line (``--elastic_shard.num_shards 8``) and
 
 from __future__ import annotations
 
+import difflib
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, Optional, Union
 
@@ -184,6 +186,35 @@ def add_arguments(parser: Any) -> None:
             continue
         typ, help_text = _ARGS[f.name]
         parser.add_argument(f"--{KEY}.{f.name}", type=typ, default=getattr(defaults, f.name), help=help_text)
+
+
+_NOT_ACCEPTED = re.compile(rf"Option '({KEY}\.[\w.]+)' is not accepted")
+
+
+def suggest_keys(parser: Any) -> None:
+    """The parser's "Option 'elastic_shard.x' is not accepted" gains "did you mean ...?", as an op's argument
+    typo does (Data-Juicer's preflight), by wrapping this parser's ``error``."""
+    error = parser.error
+    if getattr(error, "suggests_keys", False):
+        return
+
+    def error_with_suggestion(message: str, ex: Exception | None = None) -> Any:
+        return error(with_suggestion(message, [a.dest for a in parser._actions]), ex)
+
+    error_with_suggestion.suggests_keys = True  # type: ignore[attr-defined]
+    parser.error = error_with_suggestion
+
+
+def with_suggestion(message: str, keys: list[str]) -> str:
+    m = _NOT_ACCEPTED.search(str(message))
+    if m is None:
+        return message
+    prefix = f"{KEY}."  # compared without it: every key shares it
+    known = [k.removeprefix(prefix) for k in keys if isinstance(k, str) and k.startswith(prefix)]
+    close = difflib.get_close_matches(m.group(1).removeprefix(prefix), known, n=1, cutoff=0.6)
+    if close:
+        return f"{message}; did you mean '{prefix}{close[0]}'?"
+    return f"{message}; the {KEY} keys are {', '.join(known)}"
 
 
 def settings_from_cfg(cfg: Any) -> ElasticShardSettings:

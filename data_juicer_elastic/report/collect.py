@@ -246,10 +246,20 @@ def shard_attempts(job: JobDir, sid: str, now: float, notes: list[str], done: Do
         if a.outcome == "running":
             _lost_if_ended(a, found[i + 1 :], done)
     for a, later in itertools.pairwise(found):
-        if a.outcome == "lost":  # taken over: the shard was held up until the next attempt began
-            a.end = max(a.start, later.start)
+        if a.outcome == "lost":  # drawn until its last heartbeat: the worker did nothing after it
             a.error += f"; taken over by attempt {later.attempt} on {later.host}"
     return found
+
+
+def killed_at(a: Attempt) -> str:
+    """When a lost attempt's worker last showed life (its lease's last renewal), as the report says it."""
+    if a.last_beat is None:
+        return f"killed or stalled after ~{_utc(a.start)} (it left no heartbeat)"
+    return f"killed or stalled at ~{_utc(a.end)} (its last heartbeat)"
+
+
+def _utc(t: float) -> str:
+    return time.strftime("%H:%M:%S UTC", time.gmtime(t))
 
 
 def _lost_if_ended(a: Attempt, later: list[Attempt], done: DoneRecord | None) -> None:
@@ -258,14 +268,14 @@ def _lost_if_ended(a: Attempt, later: list[Attempt], done: DoneRecord | None) ->
     and restarted at once (same host and run id) takes its own leases over while they are still fresh,
     and nothing ever renews or writes this attempt again (as ``dj-elastic status --all`` counts it)."""
     if done is not None and done.attempt != a.attempt:
-        why = f"no outcome recorded; attempt {done.attempt} finished the shard: the worker was killed or stalled"
+        why = f"; attempt {done.attempt} finished the shard"
     elif any(x.backup_of != a.attempt for x in later):
-        why = "no outcome recorded and a later attempt took the shard over: the worker was killed or stalled"
+        why = ""  # the takeover is named by shard_attempts
     else:
         return
     a.outcome = "lost"
     a.end = max(min(a.last_beat or a.start, a.end), a.start)
-    a.error = a.error or why
+    a.error = a.error or f"no outcome recorded: {killed_at(a)}{why}"
 
 
 def read_attempt(job: JobDir, sid: str, n: int, now: float, notes: list[str]) -> Attempt | None:
@@ -301,7 +311,7 @@ def read_attempt(job: JobDir, sid: str, n: int, now: float, notes: list[str]) ->
         last_beat=beat,
     )
     if outcome == "lost" and not a.error:
-        a.error = "no outcome recorded and its lease stopped: the worker was killed or stalled"
+        a.error = f"no outcome recorded and its lease stopped: {killed_at(a)}"
     return a
 
 

@@ -45,6 +45,17 @@ def _table(headers: list[str], rows: list[list[object]], numeric: set[int], cls:
     return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
 
+def busy_seconds(attempts: list[Attempt]) -> float:
+    """Seconds in which at least one of ``attempts`` was processing (a prefetched attempt's wait is not work):
+    a worker killed while its successor on the same host already ran is not counted twice."""
+    total, until = 0.0, float("-inf")
+    for begin, end in sorted((a.start + a.queued, a.end) for a in attempts):
+        if end > until:
+            total += end - max(begin, until)
+            until = end
+    return total
+
+
 def host_rows(report: JobReport) -> list[list[object]]:
     """Per host: shards done, rows in and out, busy and idle seconds, failed or lost attempts."""
     t0 = report.t0
@@ -54,23 +65,21 @@ def host_rows(report: JobReport) -> list[list[object]]:
     hosts: dict[str, dict] = {}
     for lane in lanes(report):
         mine = lane_of[lane]
-        h = hosts.setdefault(
-            mine[0].host, {"workers": 0, "shards": 0, "in": 0, "out": 0, "busy": 0.0, "idle": 0.0, "fail": 0}
-        )
-        busy = sum(a.seconds - a.queued for a in mine)  # processing; a prefetched attempt's wait is not work
+        h = hosts.setdefault(mine[0].host, {"workers": 0, "shards": 0, "in": 0, "out": 0, "fail": 0, "all": []})
         h["workers"] += 1
-        h["busy"] += busy
-        h["idle"] += max(max(a.end for a in mine) - t0 - busy, 0.0)
+        h["all"] += mine
         for a in mine:
             if a.outcome == "done":
                 h["shards"] += 1
                 h["in"] += a.rows_in or 0
                 h["out"] += a.rows_out or 0
             h["fail"] += a.outcome in ("failed", "lost")
-    return [
-        [host, h["workers"], h["shards"], h["in"], h["out"], f"{h['busy']:.1f}", f"{h['idle']:.1f}", h["fail"]]
-        for host, h in sorted(hosts.items())
-    ]
+    rows = []
+    for host, h in sorted(hosts.items()):
+        busy = busy_seconds(h["all"])
+        idle = max(max(a.end for a in h["all"]) - t0 - busy, 0.0)
+        rows.append([host, h["workers"], h["shards"], h["in"], h["out"], f"{busy:.1f}", f"{idle:.1f}", h["fail"]])
+    return rows
 
 
 def op_rows(report: JobReport) -> list[list[object]]:
