@@ -29,6 +29,7 @@ from jsonargparse import ArgumentParser, Namespace
 
 from data_juicer_elastic.errors import ElasticError, UserError, store_error
 from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.job.versions import version_line
 from data_juicer_elastic.status import describe_error_rows, error_rows_by_shard, first_line
 from data_juicer_elastic.storage.mounts import job_dir_location, job_dir_problem
 from data_juicer_elastic.storage.probe import probe_once
@@ -88,11 +89,21 @@ _PREPARE_OVERRIDES = {
 }
 
 
+INPUTS = (  # prepare.inputs.SUFFIXES, discover
+    "the input, local or s3://: a .jsonl, .jsonl.gz, .jsonl.zst or .parquet file, or a folder of them searched "
+    "recursively (one format per job)"
+)
+OUTPUTS = (  # merge.merge: parquet_out.output_format, folder_export.is_folder_export
+    "where to write, local or s3://: a .parquet file (Parquet), a file with any other suffix (JSONL, uncompressed), "
+    "or a folder (no suffix, or a trailing /) of part files in the recipe's export format"
+)
+
+
 def _prepare_args(p: ArgumentParser) -> None:
     from data_juicer_elastic.plugin.schema import setting_help
 
     p.add_argument("--config", required=True, help="the Data-Juicer recipe (YAML)")
-    p.add_argument("--dataset-path", default=None, help="input JSONL file or directory; null: the recipe's")
+    p.add_argument("--dataset-path", default=None, help=f"{INPUTS}; null: the recipe's")
     p.add_argument("--job-dir", default=None, help="job directory; null: the recipe's elastic_shard.job_dir")
     for option, kind in _PREPARE_OVERRIDES.items():
         key = option[2:].replace("-", "_")
@@ -150,7 +161,7 @@ def _retry_args(p: ArgumentParser) -> None:
 
 def _merge_args(p: ArgumentParser) -> None:
     _job_dir_arg(p)
-    p.add_argument("--output", required=True, help="the merged JSONL file to write")
+    p.add_argument("--output", required=True, help=OUTPUTS)
     p.add_argument(
         "--overwrite",
         action="store_true",
@@ -190,7 +201,7 @@ SUBCOMMANDS = {
     "status": ("Show shard states, hosts, progress.", "job progress (exit 1 while incomplete)", _status_args),
     "retry": ("Requeue failed (or done) shards; old records go to state/history.", "requeue shards", _retry_args),
     "merge": (
-        "Verify every shard output and write them, in input order, to one file.",
+        "Verify every shard output and write them, in input order, to one file or a folder of part files.",
         "verified, ordered, atomic merge",
         _merge_args,
     ),
@@ -223,7 +234,11 @@ class _Parser(ArgumentParser):
 
 
 def _parser() -> ArgumentParser:
-    root = _Parser(prog="dj-elastic", description="Elastic shard jobs for Data-Juicer on a shared directory.")
+    root = _Parser(
+        prog="dj-elastic",
+        description="Elastic shard jobs for Data-Juicer on a shared directory.",
+        version=version_line(),
+    )
     sub = root.add_subcommands(dest="command")
     for name, (description, help_text, add_args) in SUBCOMMANDS.items():
         p = ArgumentParser(description=description)

@@ -56,14 +56,15 @@ def output_in_the_way(path: object, what: str = "already exists") -> UserError:
     return UserError(f"{path}: {what} and no merge of this job dir wrote it; set {OVERWRITE} to replace it")
 
 
-def store_error(exc: BaseException) -> str | None:
+def store_error(exc: BaseException, endpoint_from: str = "--endpoint-url, AWS_ENDPOINT_URL") -> str | None:
     """A storage or network failure (OSError, botocore's) as one line naming where and what to check; None for
-    any other error. An entry point prints it and exits 2 instead of a traceback."""
+    any other error. An entry point prints it and exits 2 instead of a traceback; ``endpoint_from`` names where
+    its user sets the endpoint."""
     if not isinstance(exc, OSError) and not type(exc).__module__.startswith(("botocore", "urllib3", "boto3")):
         return None
     where = getattr(exc, "filename", None) or getattr(exc, "kwargs", {}).get("endpoint_url")
     what = one_line(exc) or type(exc).__name__
     return (
         f"{where + ': ' if isinstance(where, str) and where not in what else ''}{what}; check the path, or for "
-        "s3:// the endpoint (--endpoint-url, AWS_ENDPOINT_URL), credentials and network"
+        f"s3:// the endpoint ({endpoint_from}), credentials and network"
     )

@@ -5,6 +5,11 @@ Nothing there: written (a writer still refuses one that appears meanwhile). Ther
 of this job dir, as some generation's ``merge.json`` records it (its size and mtime and inode, or its ETag,
 unchanged): replaced, one line naming that generation, which ``dj-elastic merge --generation`` writes
 again. Anything else: refused (``errors.output_in_the_way``) unless overwrite is asked.
+
+A file merge killed after putting its output in place and before writing ``merge.json`` would leave an
+output nobody recorded, refused as foreign by the next run; so it first records its intent
+(``merge-intent.json``: the temp file's stamp, which the link or rename keeps), and an output matching an
+intent counts as that generation's own.
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ from data_juicer_elastic import s3_export
 from data_juicer_elastic.folder_export import SUCCESS
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.records._read import load_record
+from data_juicer_elastic.storage.files import dumps_json
+
+INTENT = "merge-intent.json"
 
 
 def may_replace(job: JobDir, out: str, folder: bool, overwrite: bool, log: Callable[[str], Any]) -> bool:
@@ -46,13 +54,21 @@ def _writer(job: JobDir, out: str, folder: bool, now: dict) -> str | None:
     """The generation whose merge.json records ``out`` exactly as it is ``now``, newest first; None: no one's."""
     jobs = [job] if job.legacy() else [JobDir(job.root, g) for g in reversed(job.generation_ids())]
     for gen in jobs:
-        record = load_record(gen.store, gen.key(gen.merge_record_path))
-        stat = record.get("output_stat")
-        if record.get("output") != out or (record.get("kind") == "folder") != folder or not isinstance(stat, dict):
-            continue
-        if now == {k: stat.get(k) for k in now}:
-            return gen.generation
+        for path in (gen.merge_record_path, gen.merge_record_path.with_name(INTENT)):
+            record = load_record(gen.store, gen.key(path))
+            stat = record.get("output_stat")
+            if record.get("output") != out or (record.get("kind") == "folder") != folder or not isinstance(stat, dict):
+                continue
+            if now == {k: stat.get(k) for k in now}:
+                return gen.generation
     return None
+
+
+def record_intent(job: JobDir, out: str | Path, tmp: str | Path) -> None:
+    """Before a finished temp file becomes the output ``out``: its stamp, so that output counts as this
+    generation's own even if the merge dies before ``merge.json`` (link and rename keep inode, size, mtime)."""
+    record = {"output": str(out), "kind": "file", "output_stat": stat_of(tmp)}
+    job.store.replace(job.key(job.merge_record_path.with_name(INTENT)), dumps_json(record))
 
 
 def stamp_now(out: str, folder: bool) -> dict | None:

@@ -23,7 +23,7 @@ from typing import Any
 
 from data_juicer_elastic import parquet_out, s3_export
 from data_juicer_elastic.errors import IntegrityError, UserError, output_in_the_way
-from data_juicer_elastic.export_target import may_replace, stamped, stat_of
+from data_juicer_elastic.export_target import may_replace, record_intent, stamped, stat_of
 from data_juicer_elastic.folder_export import (
     SUCCESS,
     Done,
@@ -339,7 +339,7 @@ def _write_parquet(job: JobDir, parts: list, out: Path, overwrite: bool, bar: Pr
 
     try:
         rows, size = parquet_out.write_merged(job, parts, tmp, tick)
-        _put_in_place(tmp, out, overwrite)
+        _put_in_place(job, tmp, out, overwrite)
     finally:
         unlink_quietly(tmp)
     fsync_dir(out.parent)
@@ -383,14 +383,15 @@ def _write_merged(
     try:
         with BulkWriter(tmp) as writer:  # fsyncs on a clean close
             rows, size, sha = _copy_all(job, records, writer, bar)
-        _put_in_place(tmp, out, overwrite)
+        _put_in_place(job, tmp, out, overwrite)
     finally:
         unlink_quietly(tmp)
     fsync_dir(out.parent)
     return rows, size, sha
 
 
-def _put_in_place(tmp: Path, out: Path, overwrite: bool) -> None:
+def _put_in_place(job: JobDir, tmp: Path, out: Path, overwrite: bool) -> None:
+    record_intent(job, out, tmp)  # a kill before merge.json leaves an output still known as ours
     if overwrite:
         os.replace(tmp, out)
         return

@@ -65,8 +65,10 @@ def test_one_parquet_file_in_input_order_with_the_recorded_schema(tmp_path: Path
     assert record["format"] == "parquet" and record["kind"] == "file" and record["rows"] == 60
     assert merged_already(job, str(out)) is not None
     assert merged_already(job, str(tmp_path / "out" / "merged.jsonl")) is None  # another output, another kind
-    with pytest.raises(UserError, match="already exists"):
-        merge(job, str(out), log=lambda *_: None)
+    lines: list[str] = []
+    again = merge(job, str(out), log=lines.append)  # this job's own output: replaced, saying so (the overwrite rule)
+    assert again.rows == 60 and pq.read_table(out).to_pylist() == table.to_pylist()
+    assert any("replac" in line for line in lines), lines
 
 
 def test_a_rerun_asking_for_jsonl_at_the_same_name_is_not_already_merged(tmp_path: Path, job: JobDir) -> None:

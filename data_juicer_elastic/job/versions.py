@@ -19,6 +19,13 @@ def current_versions() -> dict[str, str]:
     return {"data_juicer": dj, "data_juicer_elastic": __version__}
 
 
+def version_line() -> str:
+    """``dj-elastic --version``: this package's and Data-Juicer's versions, what a bug report needs."""
+    versions = current_versions()
+    dj = versions["data_juicer"]
+    return f"{versions['data_juicer_elastic']} (Data-Juicer {'not installed' if dj == 'absent' else dj})"
+
+
 def check_versions(recorded: dict[str, str], *, allow_mismatch: bool = False) -> list[str]:
     """Differences between the manifest's versions and this node's; raise unless allowed."""
     here = current_versions()

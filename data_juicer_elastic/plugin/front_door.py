@@ -17,9 +17,11 @@ import functools
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from data_juicer_elastic.errors import ElasticError
+from data_juicer_elastic.errors import ElasticError, UserError, store_error
 from data_juicer_elastic.patches.data_juicer import FrontDoor
 from data_juicer_elastic.plugin import registry
 from data_juicer_elastic.plugin.schema import KEY, NAME
@@ -42,6 +44,21 @@ def extend_parser(parser: Any) -> Any:
     suggest_keys(parser)
     _last_parser[0] = parser
     return parser
+
+
+@contextmanager
+def store_errors_as_one_line() -> Iterator[None]:
+    """A store or network failure (botocore's, an OSError) leaves as a UserError, so ``dj-process`` prints
+    one line naming the URL and what to check and exits 2, as ``dj-elastic`` does, instead of a traceback."""
+    try:
+        yield
+    except ElasticError:
+        raise
+    except Exception as exc:
+        line = store_error(exc, "elastic_shard.storage.endpoint_url, AWS_ENDPOINT_URL")
+        if line is None:
+            raise
+        raise UserError(line) from exc
 
 
 def on_parsed(cfg: Any, normalize: Any = None) -> None:
@@ -83,7 +100,8 @@ def before_setup(cfg: Any, normalize: Any = None) -> None:
 
     block = cfg.get(KEY)
     quiet_libraries(block.get("console") if hasattr(block, "get") else None)  # before validation opens the store
-    on_parsed(cfg, normalize)
+    with store_errors_as_one_line():
+        on_parsed(cfg, normalize)
     if not cfg.get("work_dir"):
         # Data-Juicer would make a timestamped folder beside export_path on every run
         cfg.work_dir = dj_work_dir(settings_from_cfg(cfg).job_dir)
@@ -153,10 +171,11 @@ def run_registered(timing_context: Any, cfg: Any, started: float) -> int:
 
     @logger.catch(reraise=True, exclude=ElasticError)
     def run() -> Any:
-        with timing_context("Initializing executor"):
-            executor = registry.load(cfg.executor_type)(cfg)
-        with timing_context("Running executor"):
-            return executor.run()
+        with store_errors_as_one_line():
+            with timing_context("Initializing executor"):
+                executor = registry.load(cfg.executor_type)(cfg)
+            with timing_context("Running executor"):
+                return executor.run()
 
     try:
         result = run()

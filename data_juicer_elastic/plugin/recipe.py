@@ -26,6 +26,8 @@ from data_juicer_elastic.storage.urls import is_s3
 
 INNER_EXECUTOR = "ray"
 _ABSOLUTE_KEYS = ("dataset_path", "export_path", "work_dir")
+# the elastic_shard block changes no output row (overwrite_output, speculation, leases): it stays out of the
+# snapshot, whose sha256 names the generation, so tuning it reruns no shard (tests/test_generation_key.py)
 _DROPPED_KEYS = ("config", KEY, "executor_type")
 
 # id(cfg) -> (weak reference to cfg, snapshot text); see remember()/snapshot_of()

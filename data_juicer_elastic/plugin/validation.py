@@ -268,16 +268,22 @@ def recipe_problems(cfg: Any, process: list[Any] | None = None) -> list[str]:
 
 
 def validate(cfg: Any, process: list[Any] | None = None, source: str | None = None) -> None:
-    """Raise one UserError naming every problem (and the recipe file) if there is any; the line on
-    shard-independent ops only where an op was refused for its kind."""
+    """Raise one UserError naming every problem (and the recipe file) if there is any. "Cannot run with
+    elastic_shard" and the line on shard-independent ops head it only where an op was refused for its kind:
+    a typo or a bad path is the user's to fix in place, not a reason to change executors."""
     problems, kind_refused = _problems(cfg, process)
-    if problems:
-        where = f"{source}: " if source else ""
-        raise UserError(
-            f"{where}this recipe cannot run with executor_type elastic_shard:\n"
-            + "\n".join(f"  - {p}" for p in problems)
-            + (f"\n{GLOBAL_OPS_HINT}" if kind_refused else "")
-        )
+    if not problems:
+        return
+    where = f"{source}: " if source else ""
+    if kind_refused:
+        headline = f"{where}this recipe cannot run with executor_type elastic_shard:"
+    elif len(problems) == 1:
+        raise UserError(f"{where}{problems[0]}")
+    else:
+        headline = f"{where}{len(problems)} problems:"
+    raise UserError(
+        headline + "".join(f"\n  - {p}" for p in problems) + (f"\n{GLOBAL_OPS_HINT}" if kind_refused else "")
+    )
 
 
 def recipe_keys(cfg: Any, process: list[Any] | None = None) -> RecipeKeys:

@@ -9,6 +9,7 @@ POINT is one of
   published  the done record is published; attempt.json still says "running"
   copy       merge has copied half the shards' outputs into its temp file (flushed), not the rest
   merge      the merged temp file is complete and fsynced, not yet renamed into place
+  placed     the merged output is in place, merge.json not written yet
 
 Worker points die at the first shard named in DJE_TEST_DIE_SHARDS (any shard when unset) and
 otherwise run the real claim loop with the identity runner; the merge point runs the real merge.
@@ -87,7 +88,7 @@ def signal_in_prepare(point: str, signum: int = signal.SIGKILL) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("point", choices=["verified", "uploaded", "published", "copy", "merge"])
+    p.add_argument("point", choices=["verified", "uploaded", "published", "copy", "merge", "placed"])
     p.add_argument("--job-dir", required=True)
     p.add_argument("--output", default=None)
     a = p.parse_args(argv)
@@ -118,13 +119,15 @@ def main(argv: list[str] | None = None) -> int:
         job = JobDir(a.job_dir)
         if a.point == "copy":
             signal_half_way_through_merges()
+        elif a.point == "placed":
+            merge_mod._record = lambda *args, **kwargs: _die()
         else:
 
-            def die_before_rename(tmp, out, overwrite):
+            def die_before_rename(job, tmp, out, overwrite):
                 _die()
 
             merge_mod._put_in_place = die_before_rename
-        merge_mod.merge(job, a.output, overwrite=True, log=lambda *_: None)
+        merge_mod.merge(job, a.output, overwrite=a.point != "placed", log=lambda *_: None)
         return 0
     return run_worker(a.job_dir, copy, log=lambda *_: None).exit_code
 
