@@ -178,10 +178,10 @@ class Attempt:
                 self.outcome = self._fenced()
             elif (gap := self.beat.longest_gap()) >= self.lapse_limit():
                 self.outcome = self._lapsed(gap)
-            elif (deadline := self._last_beat()) is None:
-                self.outcome = self._fenced()
             else:
-                self.outcome = self._publish(digest, deadline)
+                finished = time.time()  # before the last beat: the shard's own time, not the protocol's
+                deadline = self._last_beat()
+                self.outcome = self._fenced() if deadline is None else self._publish(digest, deadline, finished)
             return self.outcome
 
     def _note_processing_start(self, start: float) -> None:
@@ -276,7 +276,7 @@ class Attempt:
             return before
         return self.beat.renewed_at + self.policy.lock_timeout_secs if lapse_clock() < before else before
 
-    def _publish(self, digest: OutputDigest, deadline: float) -> str:
+    def _publish(self, digest: OutputDigest, deadline: float, finished: float) -> str:
         record = DoneRecord(
             shard=self.lease.shard,
             attempt=self.lease.attempt,
@@ -287,7 +287,7 @@ class Attempt:
             sha256=digest.sha256,
             output=self.job.relative(self.job.attempt_output(self.lease.shard, self.lease.attempt)),
             started_at=self.processing_wall or self.record.started_at,  # the shard's own time, not its wait
-            finished_at=time.time(),
+            finished_at=finished,
             backup=self.lease.backup_of is not None,
             worker=self.store.ledger.worker,
             **op_totals(self.files.path),
