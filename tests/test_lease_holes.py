@@ -16,8 +16,10 @@ from botocore.exceptions import ReadTimeoutError
 from data_juicer_elastic.job.claims import ClaimStore
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.records.attempt import load_attempt
+from data_juicer_elastic.storage.lapse import lapse_clock
 from data_juicer_elastic.storage.refresher import LeaseRefresher
 from data_juicer_elastic.storage.s3 import S3Store
+from data_juicer_elastic.storage.s3_deadline import MIN_TIMEOUT, send_bound, timeouts_for
 from data_juicer_elastic.storage.store import store_for
 from data_juicer_elastic.worker.loop import run_worker
 
@@ -160,3 +162,52 @@ def test_a_store_error_while_publishing_fails_the_attempt_not_the_worker(tmp_pat
     record = load_attempt(job, sid, 1)
     assert record is not None and record.outcome == "failed" and "Could not connect" in (record.error or "")
     assert not job.done_ids()
+
+
+def sends(store: S3Store) -> list[str]:
+    """The URL of every request the client sends from now on (a ``before-send`` hook on all of S3)."""
+    seen: list[str] = []
+    store.client.meta.events.register("before-send.s3", lambda request, **kwargs: seen.append(request.url))
+    return seen
+
+
+def test_a_publish_whose_deadline_is_too_near_for_one_send_is_not_sent(moto_env, monkeypatch):
+    """Less time left than the shortest send (connect, write, reply at ``MIN_TIMEOUT`` each): refused before
+    anything is sent, a store error, no key. Before: the PUT went out whatever the time left."""
+    store = s3_store(monkeypatch, moto_env)
+    seen = sends(store)
+    with pytest.raises(store.errors, match="deadline"):
+        store.create("done/a.json", b"{}\n", deadline=lapse_clock() + 2 * MIN_TIMEOUT)
+    assert seen == [] and store.head("done/a.json") is None
+
+
+def test_a_publish_right_after_a_beat_at_a_3_s_lock_timeout_lands(moto_env, monkeypatch):
+    """A 3 s lease leaves a publish sent just after a beat about 3 s: less than one send of the client's
+    own (5 s to connect, 20 s to read), so it goes out with timeouts from the time left, and lands."""
+    store = s3_store(monkeypatch, moto_env)
+    meta = store.create(KEY, LEASE, exclusive=True)
+    assert meta is not None
+    sent = lapse_clock()
+    assert store.renew(KEY, meta.ver) is not None
+    assert store.create("done/a.json", b"{}\n", deadline=sent + 3.0) is not None
+    assert store.read("done/a.json")[0] == b"{}\n"
+
+
+@pytest.mark.parametrize("left", [0.8, 1.0, 2.5, 3.0, 7.7, 44.9, 45.0, 600.0])
+def test_the_timeouts_of_a_send_fit_in_the_time_left(left):
+    """Connect + write + reply within what is left, never above the client's own timeouts; the client's
+    own where they fit; none below three ``MIN_TIMEOUT``."""
+    connect, read = timeouts_for(left, 5.0, 20.0)
+    assert send_bound(connect, read) <= left and connect <= 5.0 and read <= 20.0
+    assert (connect, read) == (5.0, 20.0) if left >= 45.0 else read >= left / 3 / 2 ** (1 / 4) - 1e-9
+    assert timeouts_for(3 * MIN_TIMEOUT - 0.01, 5.0, 20.0) is None
+
+
+@pytest.mark.parametrize("exclusive", [False, True])
+def test_a_posix_create_past_its_deadline_writes_nothing(tmp_path, exclusive):
+    store = store_for(str(tmp_path / "job"))
+    with pytest.raises(store.errors, match="deadline"):
+        store.create("done/a.json", b"{}\n", exclusive=exclusive, deadline=lapse_clock() - 0.01)
+    folder = tmp_path / "job" / "done"
+    assert store.head("done/a.json") is None and not (folder.exists() and list(folder.iterdir()))  # no temp either
+    assert store.create("done/a.json", b"{}\n", exclusive=exclusive, deadline=lapse_clock() + 60.0) is not None

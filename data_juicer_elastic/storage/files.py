@@ -23,6 +23,7 @@ import orjson
 from data_juicer_elastic.errors import UserError
 from data_juicer_elastic.storage.bulk_write import BulkWriter
 from data_juicer_elastic.storage.host import hostname
+from data_juicer_elastic.storage.lapse import lapse_clock
 
 T = TypeVar("T")
 
@@ -118,17 +119,28 @@ def rename_staged(tmp: str | os.PathLike, path: str | os.PathLike, *, durable: b
         fsync_dir(Path(path).parent)
 
 
-def publish_once(path: str | os.PathLike, data: bytes, *, durable: bool = True) -> os.stat_result | None:
+def publish_once(
+    path: str | os.PathLike, data: bytes, *, durable: bool = True, deadline: float | None = None
+) -> os.stat_result | None:
     """Publish ``data`` at ``path`` unless something is already there.
 
     The bytes are written whole under a temp name first and then hard-linked,
     so the first publisher wins and nobody ever sees a partial record.
     Returns the published file's stat when this call published, None when
     somebody else's file is there. ``durable`` as for ``atomic_write`` (a
-    crash may then undo the link: ``path`` missing again).
+    crash may then undo the link: ``path`` missing again). ``deadline``
+    (``lapse_clock``): the link, which publishes, is not made once it passed.
     """
     tmp, st = _write_temp(path, data)
+    if deadline is not None:
+        _before(deadline, tmp, path)
     return link_staged(tmp, path, st, lambda: _holds_bytes(path, data), durable=durable)
+
+
+def _before(deadline: float, tmp: str | os.PathLike, path: str | os.PathLike) -> None:
+    if lapse_clock() >= deadline:
+        unlink_quietly(tmp)
+        raise TimeoutError(f"{path}: not published, its deadline passed (the lease may have lapsed)")
 
 
 def link_staged(

@@ -39,6 +39,7 @@ from data_juicer_elastic.storage.files import (
     stage_blocks,
 )
 from data_juicer_elastic.storage.keys import Entry, Meta, Ver, is_internal, normalise_key, normalise_prefix
+from data_juicer_elastic.storage.lapse import lapse_clock
 from data_juicer_elastic.storage.urls import ObjectPath
 
 CLOCK_KEY = ".clock"  # the file ``now`` touches: internal (never listed), one per store
@@ -80,13 +81,19 @@ class PosixStore:
         """The file that holds ``key`` (normalised and confined)."""
         return self.root / normalise_key(key)
 
-    def create(self, key: str, data: bytes, *, exclusive: bool = False, durable: bool = True) -> Meta | None:
+    def create(
+        self, key: str, data: bytes, *, exclusive: bool = False, durable: bool = True, deadline: float | None = None
+    ) -> Meta | None:
+        """``deadline`` (``lapse_clock``): checked right before the one call that publishes (the link, the
+        O_EXCL open), which lands when it returns; what no check bounds is a hung mount holding that call."""
         path = self.path(key)
         if exclusive:
+            if deadline is not None and lapse_clock() >= deadline:
+                raise TimeoutError(f"{path}: not created, its deadline passed (the lease may have lapsed)")
             won = in_folder(path, lambda: create_exclusive(path, data, durable=durable))
             st = os.lstat(path) if won else None
         else:
-            st = in_folder(path, lambda: publish_once(path, data, durable=durable))
+            st = in_folder(path, lambda: publish_once(path, data, durable=durable, deadline=deadline))
         if st is None:
             return None
         meta = self._meta(st, None)

@@ -84,6 +84,19 @@ class LeaseRefresher:
             return None
         return self.store.renew(self.key, self.ver)
 
+    def beat_now(self) -> bool:
+        """One renewal in the caller's thread, once the refresher has exited: False when the lease is lost
+        (``lost`` set; ``on_lost`` not called, the caller acts); a store error is raised."""
+        sent = lapse_clock()
+        new = self._renew()
+        if new is None:
+            self.log(f"{self._where()}: lease lost (superseded, replaced, released or removed)")
+            self.lost.set()
+            return False
+        self.ver = new
+        self._renewed_now(sent)
+        return True
+
     def _renewed_now(self, sent: float) -> None:
         self._longest = max(self._longest, sent - self._renewed)
         self._renewed = sent

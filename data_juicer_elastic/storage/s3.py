@@ -18,7 +18,6 @@ here logs them.
 
 from __future__ import annotations
 
-import io
 import os
 import threading
 import time
@@ -34,8 +33,10 @@ from data_juicer_elastic.storage.blocks import BLOCK
 from data_juicer_elastic.storage.files import dumps_json, rename_staged, stage_blocks
 from data_juicer_elastic.storage.keys import Entry, Meta, Ver, is_internal, normalise_key, normalise_prefix
 from data_juicer_elastic.storage.s3_beats import Beat, BeatBook, next_body
+from data_juicer_elastic.storage.s3_deadline import bounded_sends
 from data_juicer_elastic.storage.s3_replies import (
     RELEASED_META,
+    GetBody,
     _code,
     _date,
     _meta,
@@ -52,26 +53,6 @@ CONFLICT_TRIES = 5  # 409 ConditionalRequestConflict: a concurrent conditional w
 RETRIES = {"mode": "standard", "max_attempts": 5}  # botocore's own retries of a send, bounded
 READ_WINDOW_FIRST = 64 << 10  # an input's first ranged GET: a line start is usually found in it
 READ_WINDOW_MAX = 16 << 20  # ... each next one 4x larger, up to this
-
-
-class _Body(io.RawIOBase):
-    """A GET's body as a raw stream: ``readinto`` for ``blocks``; a body cut short raises when read to its end
-    (botocore's ``StreamingBody.read`` checks the length; its raw stream, which ``with body`` hands out, does not)."""
-
-    def __init__(self, body: Any) -> None:
-        self._body = body
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buf: Any) -> int:
-        data = self._body.read(len(buf))
-        buf[: len(data)] = data
-        return len(data)
-
-    def close(self) -> None:
-        self._body.close()
-        super().close()
 
 
 CONTENT_TYPES = {"html": "text/html; charset=utf-8", "json": "application/json"}
@@ -132,11 +113,14 @@ class S3Store:
     def with_clock(self, key: str) -> S3Store:
         return self  # every response carries the store's own Date
 
-    def create(self, key: str, data: bytes, *, exclusive: bool = False, durable: bool = True) -> Meta | None:
+    def create(
+        self, key: str, data: bytes, *, exclusive: bool = False, durable: bool = True, deadline: float | None = None
+    ) -> Meta | None:
         """One ``If-None-Match: *`` PUT (``exclusive`` and ``durable`` change nothing: a PUT is whole and
         durable either way); its ``modified`` is the response's ``Date``, the store's clock at the write (a
-        PUT has no Last-Modified)."""
-        resp = self._put_resp(self._full(normalise_key(key)), data, {"IfNoneMatch": "*"})
+        PUT has no Last-Modified). No send of it can land after ``deadline`` (``s3_deadline``)."""
+        with bounded_sends(self.client, deadline):
+            resp = self._put_resp(self._full(normalise_key(key)), data, {"IfNoneMatch": "*"})
         return None if resp is None else _meta(resp, len(data))
 
     def replace(self, key: str, data: bytes, if_ver: Ver | None = None, *, durable: bool = True) -> Ver | None:
@@ -240,7 +224,7 @@ class S3Store:
 
     def open_read(self, key: str) -> BinaryIO | None:
         resp = self._get_resp(self._full(normalise_key(key)))
-        return None if resp is None else _Body(resp["Body"])  # type: ignore[return-value]
+        return None if resp is None else GetBody(resp["Body"])  # type: ignore[return-value]
 
     def delete(self, key: str, if_ver: Ver | None = None) -> bool:
         """One DELETE; with ``if_ver``, ``If-Match``, which a store that ignores it (the probe says) cannot

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import io
 from email.utils import parsedate_to_datetime
 from typing import Any
 
@@ -54,3 +55,23 @@ def _meta(resp: dict[str, Any], size: int) -> Meta:
 def quoted(etag: str) -> str:
     """An ETag as HEAD and LIST give it, in quotes, whatever form a reply used (RGW's Complete: bare)."""
     return as_sent(etag, True)
+
+
+class GetBody(io.RawIOBase):
+    """A GET's body as a raw stream: ``readinto`` for ``blocks``; a body cut short raises when read to its end
+    (botocore's ``StreamingBody.read`` checks the length; its raw stream, which ``with body`` hands out, does not)."""
+
+    def __init__(self, body: Any) -> None:
+        self._body = body
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf: Any) -> int:
+        data = self._body.read(len(buf))
+        buf[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self._body.close()
+        super().close()

@@ -36,6 +36,7 @@ from data_juicer_elastic.job.records.done import DoneRecord, is_done, load_done,
 from data_juicer_elastic.storage.blocks import digest_file
 from data_juicer_elastic.storage.files import disk_full_in, read_record
 from data_juicer_elastic.storage.keys import Ver
+from data_juicer_elastic.storage.lapse import lapse_clock
 from data_juicer_elastic.worker.budget import fail_terminally, failure_count
 from data_juicer_elastic.worker.disk_full import NoSpace, give_back, space_for
 from data_juicer_elastic.worker.fencing import Fenced, RunnerStopper
@@ -178,7 +179,9 @@ class Attempt:
             elif (gap := self.beat.longest_gap()) >= self.lapse_limit():
                 self.outcome = self._lapsed(gap)
             else:
-                self.outcome = self._publish(digest)
+                finished = time.time()  # before the last beat: the shard's own time, not the protocol's
+                deadline = self._last_beat()
+                self.outcome = self._fenced() if deadline is None else self._publish(digest, deadline, finished)
             return self.outcome
 
     def _note_processing_start(self, start: float) -> None:
@@ -258,7 +261,22 @@ class Attempt:
         self.log(f"{self.name}: {why}")
         return "superseded"
 
-    def _publish(self, digest: OutputDigest) -> str:
+    def _last_beat(self) -> float | None:
+        """One beat right before publishing, the last "still ours" check: None when the lease is lost, else
+        the publish's deadline on ``lapse_clock``, ``lock_timeout`` after the beat was sent (no stamp of the
+        lease is older), so a short lock timeout leaves the publish about all of it. A beat that failed, or
+        that returned once the lease could look stale (it may have landed after a takeover), leaves the
+        deadline of the beat before it."""
+        before = self.beat.renewed_at + self.policy.lock_timeout_secs
+        try:
+            if not self.beat.beat_now():
+                return None
+        except self.job.store.errors as exc:
+            self.log(f"{self.name}: no beat before publishing ({one_line(str(exc), 300)})")
+            return before
+        return self.beat.renewed_at + self.policy.lock_timeout_secs if lapse_clock() < before else before
+
+    def _publish(self, digest: OutputDigest, deadline: float, finished: float) -> str:
         record = DoneRecord(
             shard=self.lease.shard,
             attempt=self.lease.attempt,
@@ -269,14 +287,14 @@ class Attempt:
             sha256=digest.sha256,
             output=self.job.relative(self.job.attempt_output(self.lease.shard, self.lease.attempt)),
             started_at=self.processing_wall or self.record.started_at,  # the shard's own time, not its wait
-            finished_at=time.time(),
+            finished_at=finished,
             backup=self.lease.backup_of is not None,
             worker=self.store.ledger.worker,
             **op_totals(self.files.path),
         )
         try:
             with space_for(self.job.done_path(record.shard)):
-                published = publish_done(self.job, record)
+                published = publish_done(self.job, record, deadline)
         except self.job.store.errors as exc:  # the endpoint down, a mount gone: this attempt ends, not the worker
             landed = self._landed(record)
             if landed is None:

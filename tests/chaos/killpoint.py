@@ -106,10 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     elif a.point in ("uploaded", "published"):
         publish = attempt_mod.publish_done  # on either store: the attempt publishes through it
 
-        def die_around_publish(job, record):
+        def die_around_publish(job, record, deadline=None):
             if a.point == "uploaded" and _targeted(record.shard):
                 _die()
-            won = publish(job, record)
+            won = publish(job, record, deadline)
             if won and _targeted(record.shard):
                 _die()
             return won
