@@ -160,7 +160,10 @@ def test_a_store_error_while_publishing_fails_the_attempt_not_the_worker(tmp_pat
     assert result.exit_code == 2 and not result.completed, result
     sid = job.manifest().shards[0].id
     record = load_attempt(job, sid, 1)
-    assert record is not None and record.outcome == "failed" and "Could not connect" in (record.error or "")
+    # the refused connection, or (a loaded machine, the beat before the publish slow) the deadline's refusal:
+    # either way a store error ended the attempt, not the worker
+    assert record is not None and record.outcome == "failed", record
+    assert "Could not connect" in (record.error or "") or "DeadlineMissed" in (record.error or ""), record.error
     assert not job.done_ids()
 
 
