@@ -22,6 +22,7 @@ import yaml
 
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.records.attempt import load_attempt
+from data_juicer_elastic.job.records.done import load_done
 from data_juicer_elastic.storage.store import store_for
 
 from .jobs import wait_for
@@ -114,6 +115,8 @@ def test_all_on_s3_one_node_killed_mid_shard_and_restarted_exports_the_local_byt
         assert node.result().startswith(f"{on_store.shards} shards completed by"), node.result()
     killed = load_attempt(job, shard, attempt)
     assert killed is not None and killed.outcome == "running"  # killed inside it: it never finished
+    done = load_done(job, shard)
+    assert done is not None and done.attempt > attempt, done  # taken over by a later attempt
     cli = verify_cli(url, env)
     assert cli.returncode == 0, cli.stdout + cli.stderr[-3000:]
     found = store_for(export.rsplit("/", 1)[0]).read("merged.jsonl")
