@@ -1,5 +1,5 @@
 """Every export from every job dir (issue 36): job dir {local, S3} x export {local file, local folder, s3://
-object, s3:// folder} x format {jsonl, parquet}, on the moto server.
+object, s3:// folder} x format {jsonl, parquet}, on the moto server and on Ceph RGW (tests/rgw.py).
 
 One small job per job-dir kind and format, worked once by the real worker loop and reused by every export.
 Each cell must hold byte for byte what the local job exported to a local path holds (a folder: every part and
@@ -116,11 +116,13 @@ def stamp(output: str) -> dict | None:
     return {"ino": st.st_ino, "mtime_ns": st.st_mtime_ns, "size": st.st_size}
 
 
-@pytest.fixture(scope="module")
-def jobs(tmp_path_factory: pytest.TempPathFactory, moto_env: dict[str, str]) -> Iterator[Jobs]:  # noqa: F811
+@pytest.fixture(scope="module", params=["moto", "rgw"])
+def jobs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jobs]:
+    """The module's jobs on each S3 server: moto, and Ceph RGW (``rgw_env``, tests/conftest.py)."""
+    env = request.getfixturevalue(f"{request.param}_env")
     with pytest.MonkeyPatch.context() as patch:
-        use_env(patch, moto_env)
-        yield Jobs(tmp_path_factory.mktemp("matrix"), moto_env, patch)
+        use_env(patch, env)
+        yield Jobs(tmp_path_factory.mktemp(f"matrix-{request.param}"), env, patch)
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])

@@ -1,7 +1,7 @@
 """S3 requests per shard, by operation and call site: prepare, W workers, merge (docs/OBJECT_STORE.md section 5).
 
     python tests/benchmarks/bench_s3_requests.py [--shards 1000,4000] [--workers 4] [--rows-per-shard 1]
-        [--latency-ms 0] [--sites 14] [--wall 200] [--json FILE] [--report FILE,FILE]
+        [--latency-ms 0] [--sites 14] [--wall 200] [--json FILE] [--report FILE,FILE] [--server moto|rgw]
 
 Every figure is COUNTED, never timed: each process that talks to the store (this one for prepare and
 merge, one per worker) wraps botocore's ``Session.create_client`` so that every S3 client it makes, the
@@ -12,7 +12,8 @@ retries included), keyed by operation and by the call site, the first frame of t
 threaded, so the workers' requests queue there): ``prepare`` of ``--rows-per-shard`` rows per shard onto
 ``s3://bucket/...``, ``--workers`` worker processes (``run_worker`` with ``tests.runners:copy``, each
 attempt in node-local scratch) until the job is complete, then ``merge`` to a local file, checked against
-the input. The policy is the default one but for a 1 s poll (as B10's).
+the input. The policy is the default one but for a 1 s poll (as B10's). ``--server rgw``: the same on a
+one-node Ceph RGW (tests/rgw.py, started for the run; ``--latency-ms`` is moto's only).
 
 Printed per phase and operation: requests, requests per shard, and the ratio of per-shard figures between
 the largest and the smallest size (target: flat within 1.2x), then the request price of a 100,000-shard job
@@ -27,6 +28,7 @@ store (the server pausing ``--latency-ms`` before each request, e.g. 20), wall s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -317,6 +319,17 @@ def server_env(env: dict[str, str]) -> dict[str, str]:
     return out
 
 
+def serving(args: argparse.Namespace) -> contextlib.AbstractContextManager[dict[str, str]]:
+    """The server the run counts on: moto (tests/s3server.py), or Ceph RGW (tests/rgw.py), bucket ``BUCKET``."""
+    if args.server == "rgw":
+        from tests.rgw import rgw_server
+
+        return rgw_server(BUCKET)
+    from tests.s3server import s3_server
+
+    return s3_server(BUCKET, latency_ms=args.latency_ms)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shards", default="1000,4000", help="comma-separated sizes")
@@ -327,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wall", type=int, default=0, help="also time an N-shard job: local vs the store")
     parser.add_argument("--json", help="also write each size's counts here, as soon as it is measured")
     parser.add_argument("--report", help="comma-separated --json files: report them together, run nothing")
+    parser.add_argument("--server", choices=("moto", "rgw"), default="moto", help="rgw: Ceph RGW (tests/rgw.py)")
     parser.add_argument("--worker", nargs=3, metavar=("URL", "HOST", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -336,11 +350,9 @@ def main(argv: list[str] | None = None) -> int:
         saved = [json.loads(Path(name).read_bytes()) for name in args.report.split(",")]
         report({int(n): phases for got in saved for n, phases in got.items()}, args.sites)
         return 0
-    from tests.s3server import s3_server
-
     counts = Counts()
     results: dict[int, dict] = {}
-    with tempfile.TemporaryDirectory(prefix="dje-s3req-") as tmp, s3_server(BUCKET, latency_ms=args.latency_ms) as env:
+    with tempfile.TemporaryDirectory(prefix="dje-s3req-") as tmp, serving(args) as env:
         full = server_env(env)
         os.environ.clear()
         os.environ.update(full)

@@ -1,5 +1,5 @@
 """Chaos on the store (docs/OBJECT_STORE.md section 6 step 12): the whole coordinated job, several node
-processes racing on one ``s3://`` job dir on a moto server, and kills.
+processes racing on one ``s3://`` job dir on a moto server and on Ceph RGW (tests/rgw.py), and kills.
 
 Each node is a ``tests.coord_node`` process (the real ``run_job`` with toy runners, no Ray) given
 ``--job-dir s3://...``; it inherits the server's environment. The elections, the prepare, the leases, the
@@ -13,13 +13,25 @@ from __future__ import annotations
 import os
 import re
 import signal
+import uuid
 from pathlib import Path
+
+import pytest
 
 from data_juicer_elastic.job.records.done import load_done
 from data_juicer_elastic.prepare.existing import prepared_shard_count
 
 from ..cluster import Cluster, count, done_hosts, finish, outcomes
 from ..jobs import wait_for
+from ..s3server import use_env
+from ..test_store_contract import BUCKET, moto_env  # noqa: F401 (moto_env: the server, one per module)
+
+
+@pytest.fixture(params=["moto", "rgw"])
+def s3_url(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh prefix of each server's bucket (moto, Ceph RGW); this process and its nodes talk to it."""
+    use_env(monkeypatch, request.getfixturevalue(f"{request.param}_env"))
+    return f"s3://{BUCKET}/chaos/{uuid.uuid4().hex[:12]}"
 
 
 def _nothing_local(c: Cluster, url: str) -> None:
