@@ -459,7 +459,7 @@ def verify_export(record: dict[str, Any]) -> list[str]:
     """The export merge.json names re-read (``dj-elastic verify``), as a local one is (``check_recorded_*``): the
     stamp (size and ETag, one HEAD) of a folder's ``_SUCCESS`` or of the one object against merge.json, then a
     folder's parts against its ``_SUCCESS``, or the object's rows and sha256, by streamed ranged GETs."""
-    from data_juicer_elastic.storage.s3 import S3Objects
+    from data_juicer_elastic.storage.s3_objects import S3Objects
 
     url = record["output"]
     try:
@@ -487,7 +487,7 @@ class _Prefix:
     """A folder export under an s3:// prefix as ``check_export`` reads it: one LIST, then ranged GETs."""
 
     where: str
-    objects: Any  # storage.s3.S3Objects
+    objects: Any  # storage.s3_objects.S3Objects
     bucket: str
     prefix: str
     listed: dict[str, int] | None = None  # name under the prefix -> size

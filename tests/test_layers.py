@@ -279,7 +279,6 @@ TARGET = "the merge target: a local export path, not the job dir (an s3:// targe
 PATH_READS_ALLOWED = {
     (f"{PACKAGE}.merge", "_check_target", "out.is_dir"): TARGET,
     (f"{PACKAGE}.merge", "_check_target", "os.path.lexists"): TARGET,
-    (f"{PACKAGE}.merge", "_stat_of", "os.stat"): "the merged output's (or _SUCCESS's) stamp for merge.json: " + TARGET,
 }
 
 

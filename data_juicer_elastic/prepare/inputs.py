@@ -32,7 +32,7 @@ from data_juicer_elastic.storage.blocks import blocks
 from data_juicer_elastic.storage.urls import SCHEME, is_s3
 
 if TYPE_CHECKING:
-    from data_juicer_elastic.storage.s3 import ObjectInfo
+    from data_juicer_elastic.storage.s3_objects import ObjectInfo
 
 SUFFIXES = {".jsonl": None, ".jsonl.gz": "gz", ".jsonl.zst": "zst", ".parquet": "parquet"}
 PARQUET = "parquet"  # the codec of a Parquet input: read in place by prepare.parquet, never materialised

@@ -30,7 +30,7 @@ def split_s3_url(url: str) -> tuple[str, str]:
         raise UserError(str(exc)) from None
 
 
-def s3_objects():  # -> storage.s3.S3Objects (boto3 is imported only when an s3:// input is read)
+def s3_objects():  # -> storage.s3_objects.S3Objects (boto3 is imported only when an s3:// input is read)
     """The input's client for this process's storage settings as they are now (a recipe's block, applied)."""
     from data_juicer_elastic.storage.settings import StorageSettings
 
@@ -39,7 +39,7 @@ def s3_objects():  # -> storage.s3.S3Objects (boto3 is imported only when an s3:
 
 @functools.cache
 def objects_for(settings):  # one client per settings: a later job's block is not read through an earlier one's
-    from data_juicer_elastic.storage.s3 import S3Objects
+    from data_juicer_elastic.storage.s3_objects import S3Objects
 
     return S3Objects(settings)
 

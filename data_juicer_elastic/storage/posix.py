@@ -69,6 +69,7 @@ class PosixStore:
         return f"PosixStore({str(self.root)!r})"
 
     errors: tuple[type[Exception], ...] = (OSError,)
+    probed = False  # create-once is a link or O_EXCL, which every POSIX file system keeps: nothing to probe
     stamp_resolution = 0.01  # an mtime and the clock probe's are both the kernel's coarse clock: a tick apart
 
     def describe(self) -> str:

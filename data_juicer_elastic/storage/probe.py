@@ -7,6 +7,10 @@ store that ignores ``If-None-Match: *`` lets a second writer overwrite the
 first without a word, so two workers would both hold a shard. One sequential
 probe catches a store that ignores the header; it cannot see a check-then-write
 that races (the test server's own suite covers that).
+
+Stores are typed ``Any`` here: ``store.py`` opens the backends and ``s3.py`` asks this module to probe on
+its first conditional request, so importing either would close a circle; a store's ``probed`` says
+which kind it is.
 """
 
 from __future__ import annotations
@@ -21,10 +25,8 @@ from data_juicer_elastic.errors import UserError
 from data_juicer_elastic.storage import conditions
 from data_juicer_elastic.storage.conditions import Capabilities, as_sent
 from data_juicer_elastic.storage.host import hostname
-from data_juicer_elastic.storage.posix import PosixStore
-from data_juicer_elastic.storage.s3 import S3Store
+from data_juicer_elastic.storage.keys import Meta
 from data_juicer_elastic.storage.s3_replies import _code, _refused
-from data_juicer_elastic.storage.store import Meta, Store
 
 _PROBED: dict[str, Capabilities] = {}  # this process's probes, by the store's describe(): one each
 PROBE_FOLDER = ".probe"  # internal: never listed, one key per probing process, deleted after
@@ -39,13 +41,13 @@ def probe_key() -> str:
     return f"{PROBE_FOLDER}/{hostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
-def probe_store(store: Store) -> Capabilities:
+def probe_store(store: Any) -> Capabilities:
     """The startup probe: refuse a store whose dialect has no compare-and-swap (lease renewals would race) or
     without create-once (StoreRefused), then what else it keeps."""
     check_dialect(store)
     try:
         check_create_once(store)
-        if isinstance(store, S3Store):
+        if store.probed:  # an object store: every conditional request it may or may not honour
             return probe_conditions(store)
         return Capabilities(if_match=check_if_match(store))
     except store.errors as exc:
@@ -59,10 +61,10 @@ def probe_store(store: Store) -> Capabilities:
         ) from exc
 
 
-def check_dialect(store: Store) -> None:
+def check_dialect(store: Any) -> None:
     """Refuse, before any request, a store whose dialect cannot replace a key only if unchanged (``oss``): a
     lease's renewal there would overwrite whoever took the lease over, silently."""
-    if isinstance(store, S3Store) and not store.keeps_if_match:
+    if store.probed and not getattr(store, "keeps_if_match", True):
         raise StoreRefused(
             f"{store.describe()}: storage dialect {store.dialect} has no compare-and-swap on a write (Alibaba OSS "
             "answers If-Match on PutObject with NotImplemented), so lease renewals could race and overwrite another "
@@ -71,10 +73,10 @@ def check_dialect(store: Store) -> None:
         )
 
 
-def probe_once(store: Store, log: Callable[[str], None]) -> Capabilities | None:
+def probe_once(store: Any, log: Callable[[str], None]) -> Capabilities | None:
     """The probe, run the first time this process meets an object store (its capability line logged then),
     before it writes anything there; None for a POSIX job dir, whose create-once is a link."""
-    if isinstance(store, PosixStore):
+    if not store.probed:
         return None
     where = store.describe()
     if where not in _PROBED:
@@ -84,7 +86,7 @@ def probe_once(store: Store, log: Callable[[str], None]) -> Capabilities | None:
 
 
 @contextlib.contextmanager
-def _probing(store: Store) -> Iterator[str]:
+def _probing(store: Any) -> Iterator[str]:
     """A fresh probe key, deleted after whatever the probe found."""
     key = probe_key()
     try:
@@ -96,14 +98,14 @@ def _probing(store: Store) -> Iterator[str]:
             pass  # a probe key left behind is harmless (internal, never listed); the probe's own error matters
 
 
-def _create_fresh(store: Store, key: str, data: bytes) -> Meta:
+def _create_fresh(store: Any, key: str, data: bytes) -> Meta:
     meta = store.create(key, data)
     if meta is None:
         raise StoreRefused(f"{store.describe()}: the store refused the first create of {key}, a fresh key")
     return meta
 
 
-def check_create_once(store: Store) -> None:
+def check_create_once(store: Any) -> None:
     """Create one probe key twice; raise StoreRefused unless the second create is refused and the first stays."""
     token = uuid.uuid4().hex
     first, second = f"probe A {token}\n".encode(), f"probe B {token}\n".encode()
@@ -119,7 +121,7 @@ def check_create_once(store: Store) -> None:
             )
 
 
-def check_if_match(store: Store) -> bool:
+def check_if_match(store: Any) -> bool:
     """Whether a replace on a version that has moved on is refused: create A, replace it by B on A's
     version, then try C on A's version again; the store must refuse C and keep B."""
     token = uuid.uuid4().hex
@@ -133,7 +135,7 @@ def check_if_match(store: Store) -> bool:
         return lost is None and got is not None and got[0] == b
 
 
-def probe_conditions(store: S3Store) -> Capabilities:
+def probe_conditions(store: Any) -> Capabilities:
     """Each conditional request the protocol sends, tried on probe keys with the store's own client (so in
     the exact form asked, and no request through ``S3Store`` waits on this probe): PUT, GET and DELETE
     ``If-Match`` on a stale ETag, ``If-None-Match: *`` on Complete and on Copy onto a key. The ETag form is
@@ -161,7 +163,7 @@ def probe_conditions(store: S3Store) -> Capabilities:
     return found
 
 
-def _put_if(store: S3Store, full: str, data: bytes, **condition: str) -> str | None:
+def _put_if(store: Any, full: str, data: bytes, **condition: str) -> str | None:
     """One conditional PUT: its ETag, or None when refused (412)."""
     try:
         return str(store.client.put_object(Bucket=store.bucket, Key=full, Body=data, **condition)["ETag"])
@@ -171,7 +173,7 @@ def _put_if(store: S3Store, full: str, data: bytes, **condition: str) -> str | N
         raise
 
 
-def _body(store: S3Store, full: str) -> bytes | None:
+def _body(store: Any, full: str) -> bytes | None:
     got = store._get_resp(full)
     if got is None:
         return None
@@ -179,7 +181,7 @@ def _body(store: S3Store, full: str) -> bytes | None:
         return body.read()
 
 
-def _honoured(call: Callable[[], Any], store: S3Store) -> bool:
+def _honoured(call: Callable[[], Any], store: Any) -> bool:
     """Whether ``call`` (a request on a stale or taken key) was refused with 412; any other error (400, 501,
     a botocore without the parameter) reads as not honoured."""
     from botocore.exceptions import ParamValidationError
@@ -193,7 +195,7 @@ def _honoured(call: Callable[[], Any], store: S3Store) -> bool:
     return False
 
 
-def _get_if_refused(store: S3Store, full: str, stale: str, current: str) -> bool:
+def _get_if_refused(store: Any, full: str, stale: str, current: str) -> bool:
     """GET If-Match: the current ETag answered, a stale one refused."""
     try:
         store.client.get_object(Bucket=store.bucket, Key=full, IfMatch=current)["Body"].close()
@@ -202,7 +204,7 @@ def _get_if_refused(store: S3Store, full: str, stale: str, current: str) -> bool
     return _honoured(lambda: store.client.get_object(Bucket=store.bucket, Key=full, IfMatch=stale), store)
 
 
-def _complete_refused(store: S3Store, full: str) -> bool:
+def _complete_refused(store: Any, full: str) -> bool:
     """CompleteMultipartUpload ``If-None-Match: *`` onto the existing ``full`` (one part of 2 bytes)."""
     where = {"Bucket": store.bucket, "Key": full}
     before = _body(store, full)
@@ -224,7 +226,7 @@ def _complete_refused(store: S3Store, full: str) -> bool:
             store.client.abort_multipart_upload(**where, UploadId=upload)
 
 
-def _copy_refused(store: S3Store, full: str, other: str) -> bool:
+def _copy_refused(store: Any, full: str, other: str) -> bool:
     """CopyObject ``If-None-Match: *`` of ``full`` onto ``other``, which exists."""
     _create_fresh(store, other, b"probe D\n")
     target = store._full(other)
@@ -233,13 +235,13 @@ def _copy_refused(store: S3Store, full: str, other: str) -> bool:
     return _honoured(lambda: store.client.copy_object(**copy), store) and _body(store, target) == b"probe D\n"
 
 
-def _delete_refused(store: S3Store, full: str, stale: str) -> bool:
+def _delete_refused(store: Any, full: str, stale: str) -> bool:
     """DeleteObject ``If-Match`` on a stale ETag: refused, and the key is still there."""
     delete = {"Bucket": store.bucket, "Key": full, "IfMatch": stale}
     return _honoured(lambda: store.client.delete_object(**delete), store) and _body(store, full) is not None
 
 
-def refuse_delete_if_match(store: Store) -> StoreRefused:
+def refuse_delete_if_match(store: Any) -> StoreRefused:
     """The refusal of a command that deletes a record only in the version it read, on a store that ignores
     ``If-Match`` on DELETE (the record could be another writer's newer one by then)."""
     return StoreRefused(

@@ -35,6 +35,10 @@ class Store(Protocol):
     also botocore's errors once its retries are spent. A caller that outlives a flaky store (the lease
     refresher) catches these and tries again; anything else is a bug and propagates."""
 
+    probed: bool
+    """Whether the startup probe (storage/probe.py) tests this store's conditional requests before a job
+    relies on them: an object store's server may ignore some; a POSIX folder's link and O_EXCL are kept."""
+
     stamp_resolution: float
     """Seconds a stamp may read off by, from rounding (S3: ``Last-Modified`` and ``Date`` are whole seconds, so an
     age reads up to 1 s over; POSIX: a kernel tick): a lease is stale only past its timeout plus this."""
