@@ -251,8 +251,8 @@ def test_global_ops_are_refused_by_name_and_nothing_is_written(tmp_path):
         tmp_path / "job",
         process=[
             {"whitespace_normalization_mapper": None},
-            {"document_deduplicator": None},
-            {"ray_document_deduplicator": None},
+            {"document_line_deduplicator": None},
+            {"document_minhash_deduplicator": None},
             {"topk_specified_field_selector": {"field_key": "score"}},
             {"text_length_filter": {"min_len": 3, "stats_export_path": str(tmp_path / "stats.jsonl")}},
         ],
@@ -261,8 +261,8 @@ def test_global_ops_are_refused_by_name_and_nothing_is_written(tmp_path):
     out = dj_process("--config", str(config), cwd=tmp_path)
     assert out.returncode == 2, out.stderr[-3000:]
     for op in (
-        "process[1] document_deduplicator",
-        "process[2] ray_document_deduplicator",
+        "process[1] document_line_deduplicator",
+        "process[2] document_minhash_deduplicator: give both num_bands and num_rows_per_band",
         "process[3] topk_specified_field_selector",
         "process[4] text_length_filter: stats_export_path",
     ):

@@ -303,8 +303,8 @@ def test_validation_names_every_offending_op(tmp_path, parse):
         elastic_shard={"job_dir": str(tmp_path / "job")},
         process=[
             {"whitespace_normalization_mapper": None},
-            {"document_deduplicator": None},
-            {"ray_document_deduplicator": None},
+            {"document_minhash_deduplicator": {"num_bands": 4}},
+            {"document_line_deduplicator": None},
             {"random_selector": {"select_num": 3}},
             {"naive_grouper": None},
             {"meta_tags_aggregator": {"meta_tag_key": "x"}},
@@ -328,8 +328,10 @@ def test_validation_names_every_offending_op(tmp_path, parse):
         parse("--config", str(recipe))
     message = str(exc.value)
     for where in (
-        "process[1] document_deduplicator",
-        "process[2] ray_document_deduplicator",
+        "process[1] document_minhash_deduplicator: give both num_bands and num_rows_per_band (missing: "
+        "num_rows_per_band)",
+        "process[2] document_line_deduplicator: has no staged form yet; the deduplicators that run here: "
+        "document_deduplicator, document_minhash_deduplicator,",
         "process[3] random_selector",
         "process[4] naive_grouper",
         "process[5] meta_tags_aggregator",
@@ -398,6 +400,33 @@ def test_a_job_dir_on_an_object_store_mount_is_refused_at_parse_time(tmp_path, p
     with pytest.raises(UserError, match=rf"elastic_shard.job_dir {tmp_path / 'job'} is on a fuse.s3fs mount"):
         parse("--config", str(one_op_recipe(tmp_path)))
     assert not (tmp_path / "job").exists()
+
+
+def test_deduplicators_with_a_staged_form_are_accepted(tmp_path, parse):
+    """Each deduplicator of dedup/plan.py parses as an op of process (tests/test_dedup_job.py runs them)."""
+    minhash = {"num_bands": 4, "num_rows_per_band": 8, "num_permutations": 32}
+    recipe = write_recipe(
+        tmp_path / "r.yaml",
+        dataset_path=str(REPO / "demos/data/text"),
+        export_path=str(tmp_path / "o/out.jsonl"),
+        executor_type="elastic_shard",
+        elastic_shard={"job_dir": str(tmp_path / "job")},
+        process=[
+            {"whitespace_normalization_mapper": None},
+            {"document_deduplicator": None},
+            {"ray_document_deduplicator": None},
+            {"document_minhash_deduplicator": minhash},
+            {"ray_bts_minhash_deduplicator": minhash},
+            {"text_length_filter": {"min_len": 3}},
+        ],
+    )
+    cfg = parse("--config", str(recipe))
+    assert [next(iter(op)) for op in cfg.process][1:5] == [
+        "document_deduplicator",
+        "ray_document_deduplicator",
+        "document_minhash_deduplicator",
+        "ray_bts_minhash_deduplicator",
+    ]
 
 
 def test_other_executor_types_are_not_validated(tmp_path, parse):

@@ -108,11 +108,11 @@ def test_prepare_takes_the_recipe_and_command_line_overrides(demo, prepare_here)
 
 def test_prepare_refuses_a_global_op_a_typo_and_a_bad_value_writing_nothing(demo, prepare_here):
     recipe = yaml.safe_load((demo / "configs" / "demo.yaml").read_text())
-    recipe["process"].append({"document_deduplicator": {}})
+    recipe["process"].append({"document_line_deduplicator": {}})
     (demo / "global.yaml").write_text(yaml.safe_dump(recipe))
     code, err = prepare_here("--config", "global.yaml")
     assert code == 2
-    assert "document_deduplicator" in err
+    assert "document_line_deduplicator" in err
     assert not (demo / "outputs").exists()
 
     recipe = yaml.safe_load((demo / "configs" / "demo.yaml").read_text())

@@ -46,11 +46,11 @@ def test_typo_and_format_refusals_do_not_end_with_the_global_ops_line(tmp_path, 
 
 def test_a_global_op_refusal_still_explains_shard_independence(tmp_path, parse):  # noqa: F811
     message = refusal(
-        tmp_path, parse, process=[{"document_deduplicator": None}, {"text_length_filter": {"min_lenn": 10}}]
+        tmp_path, parse, process=[{"document_line_deduplicator": None}, {"text_length_filter": {"min_lenn": 10}}]
     )
-    assert "process[0] document_deduplicator" in message and "min_lenn" in message
+    assert "process[0] document_line_deduplicator" in message and "min_lenn" in message
     assert message.rstrip().endswith(
-        "run global ops: dedup, selection, grouping, aggregation, in a separate executor_type ray job)."
+        "(run other global ops: selection, grouping, aggregation, other dedups, in a separate executor_type ray job)."
     ), message
 
 

@@ -19,6 +19,7 @@ from data_juicer_elastic.coordination.finalize import finalize_round
 from data_juicer_elastic.coordination.run_id import safe_key
 from data_juicer_elastic.coordination.rundir import EXIT_FAILED, EXIT_OK, Outcome, RunDir
 from data_juicer_elastic.coordination.spec import JobSpec
+from data_juicer_elastic.dedup.driver import Driver, Stopped
 from data_juicer_elastic.errors import IntegrityError
 from data_juicer_elastic.folder_export import is_folder_export
 from data_juicer_elastic.job.claims import claim_store
@@ -84,6 +85,9 @@ class AfterPrepare:
             return self.abort(f"host={self.host} cannot run shards: {type(exc).__name__}: {exc}")
         result = None
         try:
+            early = self.dedup_phase(runner)
+            if early is not None:
+                return early
             result = run_worker(
                 self.job,  # this generation, on either store (an s3:// gen_dir would read as a job's root)
                 runner,
@@ -106,6 +110,24 @@ class AfterPrepare:
             return self.abort(result.message)
         if result.stalled:  # the same abort a process that only waits gives
             return self.abort(self.stall_message(self.job.done_ids()))
+        return None
+
+    def dedup_phase(self, runner: object) -> Outcome | None:
+        """A recipe with deduplicators: every stage unit before the final pass (dedup/driver.py), which the
+        claim loop then runs as its shards. An outcome only when the run must stop."""
+        stages = getattr(runner, "dedup_stages", None)
+        try:
+            found = stages(str(self.job.gen_dir)) if callable(stages) else None
+            if found is None:
+                return None
+            claims = claim_store(self.job, self.host)
+            stop = lambda: self.run.aborted() is not None  # noqa: E731
+            ran = Driver(self.job, *found, claims, should_stop=stop, log=self.log).run()
+        except Stopped:
+            return self.run.aborted()
+        except Exception as exc:
+            return self.abort(f"host={self.host}: dedup stages failed: {type(exc).__name__}: {exc}")
+        self.log(f"host={self.host}: dedup stages done ({ran} units here); the final pass runs as the shards")
         return None
 
     def shard_quota(self) -> int | None:

@@ -74,8 +74,31 @@ def iter_ops(process: list[Any] | None, prefix: str = "process") -> Iterator[OpE
                 yield from iter_ops(args[key], f"{where} > {key}")
 
 
+def dedup_problem(entry: OpEntry) -> str | None:
+    """Why a deduplicator of ``process`` (dedup/plan.py) cannot run in stages, or None if it can."""
+    from data_juicer_elastic.dedup.plan import KINDS, REFUSED, TWINS
+
+    runs = ", ".join(sorted(KINDS))
+    if entry.name in REFUSED:
+        return f"{REFUSED[entry.name]}; the deduplicators that run here: {runs}"
+    if " > " in entry.where:
+        return f"a deduplicator runs in stages only as an op of process itself, not inside a fused op ({runs})"
+    if TWINS.get(entry.name, entry.name) == "document_minhash_deduplicator":
+        missing = [k for k in ("num_bands", "num_rows_per_band") if entry.args.get(k) is None]
+        if missing:
+            return (
+                f"give both num_bands and num_rows_per_band (missing: {', '.join(missing)}); without them "
+                "Data-Juicer computes them with scipy, which it would install at run time"
+            )
+    return None
+
+
 def op_problem(entry: OpEntry) -> str | None:
     """Why this op cannot run shard by shard, or None if it can."""
+    from data_juicer_elastic.dedup.plan import KINDS, REFUSED
+
+    if entry.name in KINDS or entry.name in REFUSED:
+        return dedup_problem(entry)
     from data_juicer.ops.base_op import (
         OPERATORS,
         Aggregator,
@@ -239,8 +262,10 @@ def _s3_problem(url: str) -> str | None:
 UNKNOWN_OP = "unknown operator; check the name, or list the module defining it in custom_operator_paths"
 # after the problems, where an op was refused for what it is (not for a typo in its name or arguments)
 GLOBAL_OPS_HINT = (
-    "Only shard-independent Mapper/Filter ops run shard by shard (run global ops: dedup, selection, "
-    "grouping, aggregation, in a separate executor_type ray job)."
+    "Only shard-independent Mapper/Filter ops run shard by shard, and these deduplicators in stages: "
+    "document_deduplicator, document_minhash_deduplicator, ray_bts_minhash_cpp_deduplicator, "
+    "ray_bts_minhash_deduplicator, ray_document_deduplicator (run other global ops: selection, grouping, "
+    "aggregation, other dedups, in a separate executor_type ray job)."
 )
 
 

@@ -21,7 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from data_juicer_elastic.console import attempt_log
+from data_juicer_elastic.dedup.driver import final_rows, layout_of
+from data_juicer_elastic.dedup.layout import DedupLayout
+from data_juicer_elastic.dedup.plan import Plan
+from data_juicer_elastic.dedup.units import Ops
 from data_juicer_elastic.errors import IntegrityError, UserError
 from data_juicer_elastic.job.attempt_files import AttemptDir
 from data_juicer_elastic.job.layout import JobDir
@@ -29,6 +35,7 @@ from data_juicer_elastic.parquet_out import wants_parquet, write_shard_parquet
 from data_juicer_elastic.patches import data_juicer as dj_patches
 from data_juicer_elastic.ray_runner.arrow_schema import recorded_columns
 from data_juicer_elastic.ray_runner.configs import attempt_config, parse_recipe, read_recipe, recipe_source
+from data_juicer_elastic.ray_runner.dedup_ops import last_segment, recipe_plan, stage_ops
 from data_juicer_elastic.ray_runner.op_counts import collect as op_counts
 from data_juicer_elastic.ray_runner.runtime import (
     LOCAL,
@@ -44,6 +51,16 @@ from data_juicer_elastic.ray_runner.warm_ops import WarmOps, install_warm_ops
 from data_juicer_elastic.s3_export import location
 
 
+def dedup_input(cfg: Any, job: JobDir, found: Plan, layout: DedupLayout, shard: str, adir: Path) -> None:
+    """The final pass of a dedup job: the shard's rows as the last dedup leaves them, through the ops after it."""
+    path = adir / "dedup-input.jsonl"
+    with open(path, "wb") as f:
+        for row in final_rows(job, layout, shard):
+            f.write(orjson.dumps(row) + b"\n")
+    cfg.dataset_path = str(path)
+    cfg.process = last_segment(cfg, found)
+
+
 def recurring(exc: Exception, shard: str, job: _Job) -> Exception:
     """``exc`` if a retry may heal it, else the PermanentError that fails the shard at once (shard_errors)."""
     return classify(exc, shard, job.dir, arrow_read_options(job.cfg, shard, job.dir))
@@ -55,6 +72,7 @@ class _Job:
     cfg: Any  # the parsed recipe, shared by all attempts of this job
     recipe_sha256: str
     warm: WarmOps  # the actors of its actor-mode ops, kept from shard to shard
+    dedup: Any = None  # (plan, layout) where the recipe has deduplicators, else None (dedup/driver.py)
 
 
 @dataclass
@@ -130,8 +148,20 @@ class RayShardRunner:
         load_custom_operators_once(operator_paths)
         cfg = parse_recipe(recipe, recipe_source(job, key))
         cfg.custom_operator_paths = operator_paths or None
-        self._jobs[key] = _Job(job, cfg, sha, WarmOps())  # key: the generation's folder as named (path or URL)
+        found = recipe_plan(cfg)
+        dedup = (found, layout_of(job, found)) if found.dedups else None
+        self._jobs[key] = _Job(job, cfg, sha, WarmOps(), dedup)  # key: the generation's folder as named (path or URL)
         return cfg
+
+    def dedup_stages(self, job_dir: str) -> tuple[DedupLayout, Ops] | None:
+        """The dedup layout and the recipe's code for its stages (dedup/driver.py); None without a deduplicator."""
+        key = location(job_dir)
+        self.prepare_job(key)
+        job = self._jobs[key]
+        if job.dedup is None:
+            return None
+        found, layout = job.dedup
+        return layout, stage_ops(job.cfg, found)
 
     def run(self, shard_path: str, output_path: str, job_dir: str) -> None:
         """The whole attempt in this thread: load, process, finish."""
@@ -147,8 +177,10 @@ class RayShardRunner:
         base = self.prepare_job(key)
         configure_ray_data()
         cfg = attempt_config(base, os.path.abspath(shard_path), str(Path(output_path).parent))
-        t1 = time.perf_counter()
         job = self._jobs[key]
+        if job.dedup is not None:
+            dedup_input(cfg, job.dir, *job.dedup, Path(shard_path).stem, Path(output_path).parent)
+        t1 = time.perf_counter()
         try:
             data = read_shard(cfg, job.dir)
         except Exception as exc:  # a row Arrow refuses: the same on every attempt
