@@ -12,12 +12,16 @@ import shutil
 import signal
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
 from .jobs import wait_for
 from .nodes import Node, Nodes, session_pids
+from .s3server import s3_server
+from .test_dj_process_s3 import aws_env
+from .test_store_contract import BUCKET
 
 pytestmark = pytest.mark.slow
 
@@ -73,12 +77,29 @@ def test_a_node_killed_mid_shard_leaves_no_ray_process(tmp_path, node_tmp):
         nodes.stop_all()
 
 
-def test_a_clean_run_leaves_no_scratch_and_no_ray_session(tmp_path, node_tmp):
+def left_behind(tmp: Path) -> list[str]:
+    left = [str(p.relative_to(tmp)) for p in tmp.rglob("*")]
+    return [p for p in left if p.startswith("dje-") or "dj-work" in p or "session_" in p]
+
+
+def test_a_clean_run_leaves_no_ray_session(tmp_path, node_tmp):
     nodes = Nodes(tmp_path, rows=40, shards=2)
     node = nodes.start("n1", TMPDIR=str(node_tmp))
     try:
         assert node.wait(300) == 0, node.tail()
     finally:
         nodes.stop_all()
-    left = [str(p.relative_to(node_tmp)) for p in node_tmp.rglob("*")]
-    assert not [p for p in left if p.startswith("dje-") or "dj-work" in p or "session_" in p], left
+    assert not left_behind(node_tmp)
+
+
+def test_a_clean_run_on_an_s3_job_dir_leaves_no_scratch_and_no_ray_session(tmp_path, node_tmp):
+    """On a store the attempts' scratch and Data-Juicer's work dir are node-local, under ``$TMPDIR/dje-*``."""
+    nodes = Nodes(tmp_path, rows=40, shards=2, job_dir=f"s3://{BUCKET}/jobs/{uuid.uuid4().hex[:12]}")
+    with s3_server(BUCKET) as server:
+        try:
+            node = nodes.start("n1", TMPDIR=str(node_tmp), **aws_env(server))
+            assert node.wait(300) == 0, node.tail()
+        finally:
+            nodes.stop_all()
+    assert "Traceback" not in node.output, node.tail()
+    assert not left_behind(node_tmp)
