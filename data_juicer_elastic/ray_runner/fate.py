@@ -108,6 +108,8 @@ def cmdline(pid: int) -> str:
 
 def names(pid: int, session_dir: str) -> bool:
     """Does the process name ``session_dir`` in its command line or hold a file under it open?"""
+    if not os.path.isabs(session_dir) or len(session_dir) < 2:
+        return False  # an empty or relative name would match every process
     if session_dir in cmdline(pid):
         return True
     try:
@@ -139,7 +141,7 @@ def sweep(noted: dict[int, int], session_dir: str | None, parent: int) -> bool:
         doomed = {pid for pid, (_, st) in table.items() if noted.get(pid) == st}
         if session_dir:
             doomed |= {pid for pid in table if pid not in doomed and names(pid, session_dir)}
-        spared = {parent, os.getpid()}
+        spared = {1, parent, os.getpid()}
         doomed = descendants(doomed - spared, table) - spared
         for pid in doomed:
             try:
