@@ -249,9 +249,5 @@ class RayShardRunner:
         for job in self._jobs.values():
             job.warm.close()
         if self._started_ray:
-            kept = stop_ray(keep_logs=self._failed_here)
+            stop_ray(keep_logs=self._failed_here)
             self._started_ray = False
-            if kept:
-                from loguru import logger
-
-                logger.warning(f"an attempt failed on this node: its Ray logs are kept in {kept}")

@@ -84,8 +84,8 @@ def stop_ray(keep_logs: bool = False) -> str | None:
     """Shut down the runtime :func:`start_ray` started and put back the ``os.environ`` it changed.
 
     A local runtime's session folder goes once its watchdog found none of its
-    processes left; with ``keep_logs`` (an attempt failed here) it stays, and
-    its logs folder is returned for the message to name.
+    processes left; with ``keep_logs`` (an attempt failed here) its logs
+    folder stays, named in a warning and returned.
 
     A local ``ray.init`` exports its runtime's settings, ``RAY_AUTH_MODE=token``
     among them, and ``ray.shutdown`` leaves them. Every process started later
@@ -101,10 +101,15 @@ def stop_ray(keep_logs: bool = False) -> str | None:
     kept = None
     while _local:
         watchdog, session = _local.pop()
-        if watchdog.release() and session and not keep_logs:
+        swept = watchdog.release()
+        if swept and session and not keep_logs:
             remove_session(session)
         elif session:
-            kept = os.path.join(session, "logs")
+            kept = keep_only_logs(session)
+            why = "an attempt failed here" if keep_logs else "some of its processes outlived the stop"
+            from loguru import logger
+
+            logger.warning(f"this node's Ray logs are kept in {kept} ({why})")
     with _ray_lock:
         for key, (old, set_by_ray) in _ray_env.items():
             if os.environ.get(key) != set_by_ray:
@@ -115,6 +120,22 @@ def stop_ray(keep_logs: bool = False) -> str | None:
                 os.environ[key] = old
         _ray_env.clear()
     return kept
+
+
+def keep_only_logs(session: str) -> str:
+    """Of a session folder kept for diagnosis, its ``logs`` folder (returned); the rest (sockets, runtime
+    resources, spilled objects) tells nothing."""
+    for entry in os.scandir(session) if os.path.isdir(session) else ():
+        if entry.name == "logs":
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            try:
+                os.unlink(entry.path)
+            except OSError:
+                pass
+    return os.path.join(session, "logs")
 
 
 def remove_session(session: str) -> None:
