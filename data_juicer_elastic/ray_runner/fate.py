@@ -132,16 +132,26 @@ def note(parent: int, ray_dir: str, noted: dict[int, int]) -> None:
     noted.update({pid: table[pid][1] for pid in descendants(roots, table)})
 
 
-def sweep(noted: dict[int, int], session_dir: str | None, parent: int) -> bool:
+def ancestors(pid: int, table: dict[int, tuple[int, int]]) -> dict[int, int]:
+    """``pid`` and the processes above it: pid -> start time."""
+    found: dict[int, int] = {}
+    while pid in table and pid not in found:
+        found[pid] = table[pid][1]
+        pid = table[pid][0]
+    return found
+
+
+def sweep(noted: dict[int, int], session_dir: str | None, elders: dict[int, int]) -> bool:
     """SIGKILL Ray's processes until none is found for ``QUIET`` seconds; False at ``GIVE_UP``. The parent
-    (a worker that stopped Ray and holds files of the session open) and this process are spared."""
+    (a worker that stopped Ray holds files of the session open), its ancestors (``elders``: the launcher)
+    and this process are spared, whatever they name."""
     start = quiet_since = time.monotonic()
     while time.monotonic() - start < GIVE_UP:
         table = processes()
         doomed = {pid for pid, (_, st) in table.items() if noted.get(pid) == st}
         if session_dir:
             doomed |= {pid for pid in table if pid not in doomed and names(pid, session_dir)}
-        spared = {1, parent, os.getpid()}
+        spared = {1, os.getpid()} | {pid for pid, (_, st) in table.items() if elders.get(pid) == st}
         doomed = descendants(doomed - spared, table) - spared
         for pid in doomed:
             try:
@@ -163,6 +173,7 @@ def watch(parent: int, ray_dir: str) -> int:
     session_dir = None
     last_note = 0.0
     stdin = sys.stdin.buffer
+    elders = ancestors(parent, processes())
     while os.getppid() == parent:
         if time.monotonic() - last_note >= NOTE_EVERY:
             note(parent, ray_dir, noted)
@@ -174,7 +185,7 @@ def watch(parent: int, ray_dir: str) -> int:
             break  # EOF (the parent died or let go) or asked
         if line.startswith("session "):
             session_dir = line.split(" ", 1)[1]
-    return 0 if sweep(noted, session_dir, parent) else 1
+    return 0 if sweep(noted, session_dir, elders) else 1
 
 
 if __name__ == "__main__":
