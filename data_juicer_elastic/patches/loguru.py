@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -136,3 +137,27 @@ def _rehome(rename: Callable[[str], str]) -> bool:
             pass
         added.append(logger.add(new, format=DJ_FILE_FORMAT, **settings))
     return all(hid in logger._core.handlers for hid in added)
+
+
+def drop_file_sinks_under(folder: str) -> bool:
+    """Stop every loguru file sink writing under ``folder``, uncompressed (the folder is about to go), so
+    that removing it leaves no sink to fail at exit. False, and nothing changed, where loguru's internals
+    are not as expected."""
+    if not file_sinks_fit():
+        return False
+    from loguru import logger
+    from loguru._file_sink import FileSink
+
+    try:
+        under = [
+            (hid, handler._sink)
+            for hid, handler in list(logger._core.handlers.items())
+            if isinstance(handler._sink, FileSink)
+            and os.path.abspath(handler._sink._file_path).startswith(os.path.abspath(folder) + os.sep)
+        ]
+    except (AttributeError, TypeError):
+        return False
+    for hid, sink in under:
+        sink._compression_function = None
+        logger.remove(hid)
+    return True

@@ -149,6 +149,16 @@ def check_local_system_config() -> bool:
     return apply(IDLE_WORKERS, ray_version(), took)
 
 
+def session_dir() -> str | None:
+    """The session folder of the local runtime this process started (None when Ray no longer says)."""
+    try:
+        from ray._private import worker
+
+        return str(worker._global_node.get_session_dir_path())
+    except AttributeError:
+        return None
+
+
 def let_executors_end(timeout: float = 10.0) -> None:
     """A failed execution waits only 2 s for its executor thread; one still dispatching when ``ray.shutdown``
     runs makes Ray's core worker end the process (exit 1 instead of the worker's own code and FAIL line)."""

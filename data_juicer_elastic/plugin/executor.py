@@ -212,10 +212,49 @@ class ElasticShardExecutor(ExecutorBase):
         interval = settings_from_cfg(self.cfg).progress_interval_secs
         with ProgressTicker(self.spec.job_dir, interval, logger.info) as ticker:
             code = run_job(self.spec, log=ticker.story(logger.info))
+        scratch = node_local_work_dir(self.cfg, self.spec.job_dir)
         if code != 0:
+            kept = f"; this node's Data-Juicer logs are kept in {scratch}" if scratch else ""
             error = JobFailed(
                 f"elastic_shard job {self.spec.job_dir} ended with exit code {code} (see the FAIL line above); "
-                f"`dj-elastic status --job-dir {self.spec.job_dir}` shows each shard"
+                f"`dj-elastic status --job-dir {self.spec.job_dir}` shows each shard{kept}"
             )
             error.exit_code = code
             raise error
+        if scratch:
+            remove_work_dir(scratch)
+
+
+def node_local_work_dir(cfg: Any, job_dir: str) -> str | None:
+    """Data-Juicer's work dir when this package put it in node-local scratch (an object-store job dir):
+    ``$TMPDIR/dje-<hash>/dj-work`` (``front_door.dj_work_dir``; told by its place, as naming it again would
+    reach the store), which Data-Juicer may have given a job id folder."""
+    import tempfile
+
+    from data_juicer_elastic.job.layout import DJ_WORK
+    from data_juicer_elastic.storage.urls import is_s3
+
+    work_dir = os.path.abspath(cfg.get("work_dir") or "/")
+    if os.path.basename(os.path.dirname(work_dir)) == DJ_WORK:  # Data-Juicer's job id folder in it
+        work_dir = os.path.dirname(work_dir)
+    parent = os.path.dirname(work_dir)
+    ours = os.path.basename(work_dir) == DJ_WORK and os.path.basename(parent).startswith("dje-")
+    if not (is_s3(job_dir) and ours and os.path.dirname(parent) == os.path.abspath(tempfile.gettempdir())):
+        return None
+    return work_dir
+
+
+def remove_work_dir(work_dir: str) -> None:
+    """A clean run's node-local work dir, and its ``dje-<hash>`` folder once empty; Data-Juicer's log files
+    there are closed first (at exit they would fail to compress)."""
+    import shutil
+
+    from data_juicer_elastic.patches.loguru import drop_file_sinks_under
+
+    if not drop_file_sinks_under(work_dir):
+        return  # a sink may still write there: kept
+    shutil.rmtree(work_dir, ignore_errors=True)
+    try:
+        os.rmdir(os.path.dirname(work_dir))
+    except OSError:
+        pass  # another run of this job on this node, or an attempt's scratch, still uses it

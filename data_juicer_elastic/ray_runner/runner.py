@@ -113,6 +113,7 @@ class RayShardRunner:
         self.log_level = log_level
         self._jobs: dict[str, _Job] = {}
         self._started_ray = False
+        self._failed_here = False  # an attempt failed in this process: Ray's logs are kept at the stop
         self.timings: list[dict[str, float]] = []  # per attempt: setup / load / run / join seconds, start / end
 
     def __call__(self, shard_path: str, output_path: str, job_dir: str) -> None:
@@ -201,6 +202,7 @@ class RayShardRunner:
             try:
                 attempt.expected = self._execute(attempt)
             except Exception as exc:
+                self._failed_here = True
                 logger.error(f"shard {Path(attempt.cfg.dataset_path).name} failed: {type(exc).__name__}: {exc}")
                 error = recurring(exc, attempt.cfg.dataset_path, attempt.job)
                 if error is exc:
@@ -279,5 +281,5 @@ class RayShardRunner:
         for job in self._jobs.values():
             job.warm.close()
         if self._started_ray:
-            stop_ray()
+            stop_ray(keep_logs=self._failed_here)
             self._started_ray = False

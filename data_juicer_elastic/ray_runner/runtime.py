@@ -8,12 +8,14 @@ put back when the worker stops it.
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 from typing import Any
 
 from data_juicer_elastic.console import quiet_ray_console, route_ray_worker_logs
 from data_juicer_elastic.patches import ray as ray_patches
 from data_juicer_elastic.patches import report
+from data_juicer_elastic.ray_runner.fate import Watchdog
 from data_juicer_elastic.worker.signals import reassert
 
 LOCAL = "local"
@@ -22,6 +24,7 @@ BUDGET_ENV = "DJ_ELASTIC_RAY_BUDGET_BACKPRESSURE"
 _ray_lock = threading.Lock()
 _loaded_operator_paths: set[str] = set()
 _ray_env: dict[str, tuple[str | None, str | None]] = {}  # key -> (before start_ray, as starting Ray left it)
+_local: list[tuple[Watchdog, str | None]] = []  # the local runtime this process started: its watchdog, session dir
 
 
 def start_ray(address: str, py_modules: list[str] | None = None) -> bool:
@@ -34,7 +37,8 @@ def start_ray(address: str, py_modules: list[str] | None = None) -> bool:
     recorded for :func:`stop_ray` to undo. A local runtime keeps idle worker
     processes for a minute (Ray kills an idle worker above one per CPU after a
     second, and each shard's read, forward and write tasks would then start new
-    ones, 1-2 s each on a busy node).
+    ones, 1-2 s each on a busy node). A local runtime dies with this process
+    however it dies (``fate``).
     """
     import ray
     from data_juicer.utils.constant import RAY_JOB_ENV_VAR
@@ -56,7 +60,16 @@ def start_ray(address: str, py_modules: list[str] | None = None) -> bool:
         if local:
             address, kwargs["include_dashboard"] = LOCAL, False
             kwargs["_system_config"] = ray_patches.local_system_config()
-        ray.init(address=address, **kwargs)
+            _local.append((Watchdog.start(), None))
+        try:
+            ray.init(address=address, **kwargs)
+        except BaseException:
+            if local:
+                _local.pop()[0].release()
+            raise
+        if local:
+            _local[-1] = (_local[-1][0], ray_patches.session_dir())
+            _local[-1][0].name_session(_local[-1][1] or "")
         for key in before.keys() | os.environ.keys():
             if before.get(key) != os.environ.get(key):
                 _ray_env[key] = (before.get(key), os.environ.get(key))
@@ -67,8 +80,12 @@ def start_ray(address: str, py_modules: list[str] | None = None) -> bool:
         return True
 
 
-def stop_ray() -> None:
+def stop_ray(keep_logs: bool = False) -> str | None:
     """Shut down the runtime :func:`start_ray` started and put back the ``os.environ`` it changed.
+
+    A local runtime's session folder goes once its watchdog found none of its
+    processes left; with ``keep_logs`` (an attempt failed here) its logs
+    folder stays, named in a warning and returned.
 
     A local ``ray.init`` exports its runtime's settings, ``RAY_AUTH_MODE=token``
     among them, and ``ray.shutdown`` leaves them. Every process started later
@@ -81,6 +98,18 @@ def stop_ray() -> None:
 
     ray_patches.let_executors_end()
     ray.shutdown()
+    kept = None
+    while _local:
+        watchdog, session = _local.pop()
+        swept = watchdog.release()
+        if swept and session and not keep_logs:
+            remove_session(session)
+        elif session:
+            kept = keep_only_logs(session)
+            why = "an attempt failed here" if keep_logs else "some of its processes outlived the stop"
+            from loguru import logger
+
+            logger.warning(f"this node's Ray logs are kept in {kept} ({why})")
     with _ray_lock:
         for key, (old, set_by_ray) in _ray_env.items():
             if os.environ.get(key) != set_by_ray:
@@ -90,6 +119,39 @@ def stop_ray() -> None:
             else:
                 os.environ[key] = old
         _ray_env.clear()
+    return kept
+
+
+def keep_only_logs(session: str) -> str:
+    """Of a session folder kept for diagnosis, its ``logs`` folder (returned); the rest (sockets, runtime
+    resources, spilled objects) tells nothing."""
+    for entry in os.scandir(session) if os.path.isdir(session) else ():
+        if entry.name == "logs":
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            try:
+                os.unlink(entry.path)
+            except OSError:
+                pass
+    return os.path.join(session, "logs")
+
+
+def remove_session(session: str) -> None:
+    """Ray's session folder, its ``session_latest`` link when that names it, and Ray's temp folder once empty."""
+    shutil.rmtree(session, ignore_errors=True)
+    temp = os.path.dirname(session)
+    latest = os.path.join(temp, "session_latest")
+    if os.path.islink(latest) and os.path.realpath(latest) == os.path.realpath(session):
+        try:
+            os.unlink(latest)
+        except OSError:
+            pass
+    try:
+        os.rmdir(temp)  # another Ray's session keeps it
+    except OSError:
+        pass
 
 
 def configure_ray_data() -> None:

@@ -12,7 +12,7 @@ may be published (``Scratch``). ``attempt.json`` is a store record either way.
 The scratch folder goes when the attempt ends, however it ends; what a killed
 worker left goes when the next worker of the job starts on that node (each
 process works under its own ``p<pid>-<start>`` folder, removed once
-``host.holder_gone`` proves its process gone).
+``host.holder_gone`` proves its process gone). The last attempt to end removes the empty folders above it.
 """
 
 from __future__ import annotations
@@ -109,10 +109,17 @@ class Scratch:
         self.kept: set[str] = set()  # uploaded already: a failure after the output's upload keeps the rest only
 
     def make(self) -> None:
-        """A folder a killed worker left at this name (a job dir made again at the same place) is cleared."""
+        """A folder a killed worker left at this name (a job dir made again at the same place) is cleared.
+        A parent another attempt's ``drop`` removed as it was made is made again."""
         with space_for(self.folder):
             shutil.rmtree(self.folder, ignore_errors=True)
-            self.folder.mkdir(parents=True)
+            for tries_left in (2, 1, 0):
+                try:
+                    self.folder.mkdir(parents=True)
+                    return
+                except FileNotFoundError:
+                    if not tries_left:
+                        raise
 
     def shard(self, sid: str) -> Path:
         """Downloaded beside the attempt's files, under the shard file's own name (runners may read it)."""
@@ -133,7 +140,8 @@ class Scratch:
 
     def drop(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
-        for folder in (self.folder.parent, self.folder.parent.parent):  # the shard's, then this process's
+        # the shard's, this process's, then the job's on this node (``dje-<hash>``): each once nothing uses it
+        for folder in (self.folder.parent, self.folder.parent.parent, self.folder.parent.parent.parent):
             try:
                 folder.rmdir()  # once nothing else of it runs here
             except OSError:
