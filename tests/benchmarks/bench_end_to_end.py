@@ -1,7 +1,7 @@
 """B1: end-to-end wall time of ``dj-process`` with elastic_shard against plain executor_type ray.
 
     python tests/benchmarks/bench_end_to_end.py [--rounds 3] [--rows 200000] [--shards 16] [--dir DIR] [--keep]
-        [--parquet | --s3 [--count]]
+        [--parquet | --s3 [--server moto,rgw] [--count]]
 
 Generates deterministic JSONL (``{"text": ...}`` rows of short English-ish
 text) and two recipes with the same process list
@@ -27,17 +27,21 @@ both recipes read that folder: elastic_shard's shards are runs of its row groups
 RayLocalJsonDataLoadStrategy picks the reader from the folder's first file's
 suffix). The exports stay JSONL and are compared as above.
 
-With ``--s3`` (B1s) the same elastic recipe runs twice a round instead, in
-alternating order: (a) with ``dataset_path``, ``elastic_shard.job_dir`` and
-``export_path`` on one moto server (tests/s3server.py, one process for the whole
-benchmark, the input uploaded untimed to a fresh prefix each round, the prefix
-deleted after the round so that moto's whole-bucket listings stay the same
-size), the endpoint and credentials in the environment as in
-tests/test_dj_process_s3.py; (b) with all three on local disk. The S3 export is
-downloaded and compared with the local one as above; the ratio is s3/local
-(target <= 1.3). Each run's line also says where its time went, from its log:
-prepare, Ray's start-up, the shards (first claim to last done, and their own
-seconds summed), merge. ``--count`` adds, for the s3 run, its S3 requests by
+With ``--s3`` (B1s) the same elastic recipe runs instead, once a round on each
+server of ``--server`` and once on local disk, one run after another, the order
+turning by one each round: (a) with ``dataset_path``, ``elastic_shard.job_dir``
+and ``export_path`` on the server (``moto``: tests/s3server.py; ``rgw``: a
+one-node Ceph RGW, tests/rgw.py; both started by tests/benchmarks/servers.py,
+one of each for the whole benchmark, the input uploaded untimed to a fresh
+prefix each round, the prefix deleted after the round so that moto's
+whole-bucket listings stay the same size), the endpoint and credentials in the
+environment as in tests/test_dj_process_s3.py; (b) with all three on local
+disk. Each server's export is downloaded and compared with the local one as
+above; the ratios are server/local (target <= 1.3). ``--server moto,rgw`` puts
+the three columns side by side. Each run's line also says the CPU seconds each
+server spent during it and where the run's time went, from its log: prepare,
+Ray's start-up, the shards (first claim to last done, and their own seconds
+summed), merge. ``--count`` adds, for each server run, its S3 requests by
 operation and the call sites that spent longest in them (bench_s3_requests'
 counter, loaded into the ``dj-process`` driver by a sitecustomize; it slows
 the run a little, so time without it).
@@ -48,6 +52,7 @@ Not collected by pytest (file name does not match test_*.py).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -67,6 +72,7 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for tests.reference
+from tests.benchmarks.servers import KINDS, server_cpu, serving
 from tests.reference import assert_matches_reference, env_with, read_rows
 
 TARGET = 1.15
@@ -182,14 +188,14 @@ def check_same(r: int, outputs: dict[str, Path], rows: int) -> int:
 
 
 def timed(name: str, cfg: Path, rd: Path, args: argparse.Namespace, got: dict, env: dict | None = None) -> None:
-    served = server_cpu() if args.s3 else 0.0
+    served = {kind: server_cpu(kind) for kind in args.servers}
     wall, cpu, log = run(cfg, rd, args.timeout, env)
     (rd / f"{name}.log").write_text(log)
     if args.s3:
-        served = server_cpu() - served
-        print(f"  {name}: {wall:.1f}s, moto server cpu {served:.1f}s: {phases(log, wall)}", flush=True)
-        if (rd / "counts").is_dir() and name == "s3":
-            print_counts(rd)
+        cpus = ", ".join(f"{kind} server cpu {server_cpu(kind) - t:.1f}s" for kind, t in served.items())
+        print(f"  {name}: {wall:.1f}s, {cpus}: {phases(log, wall)}", flush=True)
+        if (rd / f"counts-{name}").is_dir():
+            print_counts(rd / f"counts-{name}")
     got["times"][name].append(wall)
     got["cpus"][name].append(cpu)
 
@@ -214,47 +220,57 @@ def b1_rounds(args: argparse.Namespace, work: Path, data: Path, got: dict) -> No
 
 
 def s3_rounds(args: argparse.Namespace, work: Path, data: Path, got: dict) -> None:
-    """B1s: the elastic recipe with input, job dir and export on one moto server against all on local disk."""
+    """B1s: the elastic recipe with input, job dir and export on each server of ``--server`` (moto, Ceph RGW)
+    against all on local disk, the runs of a round one after another, the order turning by one each round."""
     import boto3
 
-    from tests.s3server import s3_server
-
-    with s3_server(BUCKET) as server:
-        env = {**server, "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull}
-        client = boto3.session.Session(
-            aws_access_key_id=server["AWS_ACCESS_KEY_ID"],
-            aws_secret_access_key=server["AWS_SECRET_ACCESS_KEY"],
-            region_name=server["AWS_DEFAULT_REGION"],
-        ).client("s3", endpoint_url=server["AWS_ENDPOINT_URL"])
+    with contextlib.ExitStack() as stack:
+        envs, clients = {}, {}
+        for kind in args.servers:
+            server = stack.enter_context(serving(kind, BUCKET))
+            envs[kind] = {**server, "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull}
+            clients[kind] = boto3.session.Session(
+                aws_access_key_id=server["AWS_ACCESS_KEY_ID"],
+                aws_secret_access_key=server["AWS_SECRET_ACCESS_KEY"],
+                region_name=server["AWS_DEFAULT_REGION"],
+            ).client("s3", endpoint_url=server["AWS_ENDPOINT_URL"])
+            print(f"{kind} server at {server['AWS_ENDPOINT_URL']}", flush=True)
+        base = {"np": args.np, "process": PROCESS}
         for r in range(1, args.rounds + 1):
             rd = work / f"round{r}"
             rd.mkdir()
-            prefix = f"b1s-{r}-{uuid.uuid4().hex[:8]}"
-            client.upload_file(str(data), BUCKET, f"{prefix}/in/data.jsonl")
-            url = f"s3://{BUCKET}/{prefix}"
-            base = {"np": args.np, "process": PROCESS}
-            export = {name: rd / name / "out.jsonl" for name in ("s3", "local")}
-            a = write_recipe(
-                rd / "s3.yaml",
-                f"b1s-s3-{r}",
-                {"dataset_path": f"{url}/in/data.jsonl", **base},
-                f"{url}/out/out.jsonl",
-                **elastic(f"{url}/job", args.shards),
-            )
-            b = write_recipe(
+            export = {name: rd / name / "out.jsonl" for name in (*args.servers, "local")}
+            configs, prefixes = {}, {}
+            for kind, client in clients.items():
+                prefixes[kind] = prefix = f"b1s-{r}-{uuid.uuid4().hex[:8]}"
+                client.upload_file(str(data), BUCKET, f"{prefix}/in/data.jsonl")
+                url = f"s3://{BUCKET}/{prefix}"
+                configs[kind] = write_recipe(
+                    rd / f"{kind}.yaml",
+                    f"b1s-{kind}-{r}",
+                    {"dataset_path": f"{url}/in/data.jsonl", **base},
+                    f"{url}/out/out.jsonl",
+                    **elastic(f"{url}/job", args.shards),
+                )
+            configs["local"] = write_recipe(
                 rd / "local.yaml",
                 f"b1s-local-{r}",
                 {"dataset_path": str(data), **base},
                 str(export["local"]),
                 **elastic(str(rd / "job"), args.shards),
             )
-            order = [("s3", a), ("local", b)] if r % 2 else [("local", b), ("s3", a)]
-            for name, cfg in order:
-                timed(name, cfg, rd, args, got, {**env, **count_env(rd)} if name == "s3" and args.count else env)
-            export["s3"].parent.mkdir(parents=True)
-            client.download_file(BUCKET, f"{prefix}/out/out.jsonl", str(export["s3"]))
-            report_round(r, order[0][0], got, check_same(r, export, args.rows))
-            delete_prefix(client, prefix)
+            names = list(configs)
+            order = names[(r - 1) % len(names) :] + names[: (r - 1) % len(names)]
+            for name in order:
+                env = envs.get(name, {})
+                timed(name, configs[name], rd, args, got, {**env, **count_env(rd, name)} if env and args.count else env)
+            rows_out = 0
+            for kind, client in clients.items():
+                export[kind].parent.mkdir(parents=True)
+                client.download_file(BUCKET, f"{prefixes[kind]}/out/out.jsonl", str(export[kind]))
+                rows_out = check_same(r, {kind: export[kind], "local": export["local"]}, args.rows)
+                delete_prefix(client, prefixes[kind])
+            report_round(r, order[0], got, rows_out)
 
 
 def delete_prefix(client: Any, prefix: str) -> None:
@@ -265,21 +281,6 @@ def delete_prefix(client: Any, prefix: str) -> None:
             client.delete_objects(Bucket=BUCKET, Delete={"Objects": keys})
     for up in client.list_multipart_uploads(Bucket=BUCKET, Prefix=f"{prefix}/").get("Uploads", []):
         client.abort_multipart_upload(Bucket=BUCKET, Key=up["Key"], UploadId=up["UploadId"])
-
-
-def server_cpu() -> float:
-    """CPU seconds used so far by this process's moto server (tests.s3server), 0 without one: the s3 run's
-    CPU that RUSAGE_CHILDREN misses (the server is waited for only at the end). Linux /proc."""
-    total = 0.0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()  # from the state on: ppid, ..., utime, stime
-            command = (stat.parent / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if int(fields[1]) == os.getpid() and b"tests.s3server" in command:
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
 
 
 def phases(log: str, wall: float) -> str:
@@ -340,9 +341,9 @@ if sys.argv and sys.argv[0].endswith("dj-process"):
 """
 
 
-def count_env(rd: Path) -> dict[str, str]:
-    """PYTHONPATH with the hook first; its counts land in ``rd/counts``."""
-    hook = rd / "counts"
+def count_env(rd: Path, name: str) -> dict[str, str]:
+    """PYTHONPATH with the hook first; its counts land in ``rd/counts-NAME``."""
+    hook = rd / f"counts-{name}"
     hook.mkdir()
     bench = str(Path(__file__).resolve().parent)
     (hook / "sitecustomize.py").write_text(COUNT_HOOK.format(bench=bench, out=str(hook)))
@@ -350,9 +351,9 @@ def count_env(rd: Path) -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join(p for p in path if p)}
 
 
-def print_counts(rd: Path, sites: int = 12) -> None:
+def print_counts(hook: Path, sites: int = 12) -> None:
     """Requests and their summed seconds by operation, then the call sites that took longest."""
-    found = [json.loads(f.read_text()) for f in sorted((rd / "counts").glob("counts-*.json"))]
+    found = [json.loads(f.read_text()) for f in sorted(hook.glob("counts-*.json"))]
     if not found:
         print("  counts: none written (the driver did not exit through atexit)")
         return
@@ -379,13 +380,14 @@ def print_counts(rd: Path, sites: int = 12) -> None:
 
 
 def report_round(r: int, first: str, got: dict, rows_out: int) -> None:
-    (a, ta), (b, tb) = got["times"].items()
-    ca, cb = (got["cpus"][name][-1] for name in (a, b))
-    print(
-        f"round {r} ({first} first): {a} {ta[-1]:.1f}s (cpu {ca:.1f}s)  {b} {tb[-1]:.1f}s (cpu {cb:.1f}s)  "
-        f"ratio {ta[-1] / tb[-1]:.3f}  rows out {rows_out}",
-        flush=True,
+    """Each run's wall and child CPU seconds, then the ratio of each to the last (elastic/ray, server/local)."""
+    times, cpus = got["times"], got["cpus"]
+    base = list(times)[-1]
+    runs = "  ".join(f"{name} {t[-1]:.1f}s (cpu {cpus[name][-1]:.1f}s)" for name, t in times.items())
+    ratios = "  ".join(
+        f"ratio {name}/{base} {t[-1] / times[base][-1]:.3f}" for name, t in times.items() if name != base
     )
+    print(f"round {r} ({first} first): {runs}  {ratios}  rows out {rows_out}", flush=True)
 
 
 def main() -> None:
@@ -395,11 +397,19 @@ def main() -> None:
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per dj-process run")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--parquet", action="store_true", help="both recipes read the rows as a folder of Parquet files")
-    mode.add_argument("--s3", action="store_true", help="B1s: the elastic recipe on a moto S3 server vs on local disk")
-    ap.add_argument("--count", action="store_true", help="with --s3: count and time the s3 run's requests (slower)")
+    mode.add_argument("--s3", action="store_true", help="B1s: the elastic recipe on an S3 server vs on local disk")
+    ap.add_argument(
+        "--server",
+        default="moto",
+        help=f"with --s3: the servers, comma-separated, each run beside local disk in every round ({', '.join(KINDS)})",
+    )
+    ap.add_argument("--count", action="store_true", help="with --s3: count and time the s3 runs' requests (slower)")
     args = ap.parse_args()
     if args.count and not args.s3:
         ap.error("--count needs --s3")
+    args.servers = [kind for kind in args.server.split(",") if kind] if args.s3 else []
+    if args.s3 and (not args.servers or set(args.servers) - set(KINDS) or len(set(args.servers)) < len(args.servers)):
+        ap.error(f"--server: one or more of {', '.join(KINDS)}, each once")
     if args.rounds < 1:
         ap.error("--rounds must be >= 1")
 
@@ -414,7 +424,7 @@ def main() -> None:
     size = sum(p.stat().st_size for p in data.iterdir()) if data.is_dir() else data.stat().st_size
     print(f"generated {args.rows} rows ({size / 1e6:.1f} MB) in {time.perf_counter() - t0:.1f}s at {data}", flush=True)
 
-    names = ("s3", "local") if args.s3 else ("elastic", "ray")
+    names = (*args.servers, "local") if args.s3 else ("elastic", "ray")
     got: dict = {"times": {n: [] for n in names}, "cpus": {n: [] for n in names}}
     try:
         (s3_rounds if args.s3 else b1_rounds)(args, work, data, got)
@@ -422,19 +432,26 @@ def main() -> None:
         if not args.keep and args.dir is None:
             shutil.rmtree(work, ignore_errors=True)
 
-    (a, b), times, cpus = names, got["times"], got["cpus"]
-    ma, mb = statistics.median(times[a]), statistics.median(times[b])
-    ca, cb = statistics.median(cpus[a]), statistics.median(cpus[b])
-    ratio, target = ma / mb, S3_TARGET if args.s3 else TARGET
-    print(f"median wall: {a} {ma:.1f}s  {b} {mb:.1f}s  ratio {a}/{b} {ratio:.3f} (target <= {target})")
-    print(f"median child cpu: {a} {ca:.1f}s  {b} {cb:.1f}s  ratio {ca / cb:.3f}")
+    times, cpus, base = got["times"], got["cpus"], names[-1]
+    wall = {n: statistics.median(times[n]) for n in names}
+    cpu = {n: statistics.median(cpus[n]) for n in names}
+    target = S3_TARGET if args.s3 else TARGET
+    ratios = {n: wall[n] / wall[base] for n in names[:-1]}
+    print("median wall: " + "  ".join(f"{n} {wall[n]:.1f}s" for n in names), end="")
+    print("".join(f"  ratio {n}/{base} {q:.3f}" for n, q in ratios.items()) + f" (target <= {target})")
+    print("median child cpu: " + "  ".join(f"{n} {cpu[n]:.1f}s" for n in names), end="")
+    print("".join(f"  ratio {n}/{base} {cpu[n] / cpu[base]:.3f}" for n in names[:-1]))
     row_id = "B1s" if args.s3 else "B1 Parquet" if args.parquet else "B1"
     print(
         f"| {row_id} | {args.rows} rows, {args.shards} shards, np {args.np}, {args.rounds} rounds | "
-        f"{a} {ma:.1f}s / {b} {mb:.1f}s | {ratio:.2f} | <= {target} |"
+        + " / ".join(f"{n} {wall[n]:.1f}s" for n in names)
+        + " | "
+        + ", ".join(f"{q:.2f}" for q in ratios.values())
+        + f" | <= {target} |"
     )
-    if ratio > target:
-        sys.exit(f"{row_id} target missed: {a}/{b} {ratio:.3f} > {target}")
+    missed = [f"{n}/{base} {q:.3f}" for n, q in ratios.items() if q > target]
+    if missed:
+        sys.exit(f"{row_id} target missed: {', '.join(missed)} > {target}")
 
 
 if __name__ == "__main__":

@@ -321,16 +321,14 @@ def server_env(env: dict[str, str]) -> dict[str, str]:
 
 def serving(args: argparse.Namespace) -> contextlib.AbstractContextManager[dict[str, str]]:
     """The server the run counts on: moto (tests/s3server.py), or Ceph RGW (tests/rgw.py), bucket ``BUCKET``."""
-    if args.server == "rgw":
-        from tests.rgw import rgw_server
+    from tests.benchmarks.servers import serving as start
 
-        return rgw_server(BUCKET)
-    from tests.s3server import s3_server
-
-    return s3_server(BUCKET, latency_ms=args.latency_ms)
+    return start(args.server, BUCKET, args.latency_ms)
 
 
 def main(argv: list[str] | None = None) -> int:
+    from tests.benchmarks.servers import KINDS
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shards", default="1000,4000", help="comma-separated sizes")
     parser.add_argument("--workers", type=int, default=4)
@@ -340,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wall", type=int, default=0, help="also time an N-shard job: local vs the store")
     parser.add_argument("--json", help="also write each size's counts here, as soon as it is measured")
     parser.add_argument("--report", help="comma-separated --json files: report them together, run nothing")
-    parser.add_argument("--server", choices=("moto", "rgw"), default="moto", help="rgw: Ceph RGW (tests/rgw.py)")
+    parser.add_argument("--server", choices=KINDS, default="moto", help="rgw: Ceph RGW (tests/rgw.py)")
     parser.add_argument("--worker", nargs=3, metavar=("URL", "HOST", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
