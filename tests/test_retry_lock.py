@@ -19,6 +19,7 @@ import orjson
 import pytest
 
 from data_juicer_elastic.cli import main as cli_main
+from data_juicer_elastic.errors import UserError
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.records import retry as retry_mod
 from data_juicer_elastic.job.records import retry_lock
@@ -151,3 +152,26 @@ def test_another_hosts_lock_is_refused_until_it_is_stale(tmp_path: Path, monkeyp
     err = capsys.readouterr().err
     assert "took over" in err and f"{LOCK} from host=elsewhere pid=4242" in err and "not renewed for" in err, err
     _finishes(job, sid)
+
+
+def test_a_retry_whose_lock_was_taken_over_stops_before_deleting(
+    tmp_path: Path, where: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+):
+    """Another retry takes the lock over (as it would from a holder stopped past ``STALE_SECS``) while this
+    one is between shards: this one's next renewal is refused, so it stops with the record still standing
+    and leaves the lock to its new holder."""
+    job, sid = _failed_job(tmp_path, where, request, monkeypatch)
+    key = job.key(job.state_dir / "retry.lock")
+    requeue_one, usurper = retry_mod._requeue_one, {"host": "elsewhere", "pid": 7, "token": "theirs"}
+
+    def taken_over_then_requeue(*args) -> None:
+        got = job.store.read(key)
+        assert got is not None and job.store.replace(key, orjson.dumps(usurper), if_ver=got[1].ver) is not None
+        requeue_one(*args)
+
+    monkeypatch.setattr(retry_mod, "_requeue_one", taken_over_then_requeue)
+    with pytest.raises(UserError, match=f"{LOCK} was taken over by host=elsewhere pid=7"):
+        retry_mod.requeue(JobDir(job.root), all_failed=True)
+    assert JobDir(job.root).failed_ids() == {sid}
+    got = job.store.read(key)
+    assert got is not None and orjson.loads(got[0]) == usurper
