@@ -362,21 +362,10 @@ def backup_line(b: dict) -> str:
     )
 
 
-def _needs_conditional_delete(store: object) -> None:
-    """``retry`` archives a record by deleting it only in the version it copied: on a store the probe saw
-    ignore ``If-Match`` on DELETE it is refused here, before it writes anything (exit 2), not half-way."""
-    from data_juicer_elastic.storage.probe import refuse_delete_if_match
-    from data_juicer_elastic.storage.s3 import S3Store
-
-    if isinstance(store, S3Store) and not store.conditions().delete_if_match:
-        raise refuse_delete_if_match(store)
-
-
 def cmd_retry(a: Namespace) -> int:
     from data_juicer_elastic.job.records.retry import requeue
 
     job = _job(a)
-    _needs_conditional_delete(job.store)
     requeued = requeue(job, a.shard_id, all_failed=a.all_failed)
     if not requeued:  # --all-failed found none: what was asked for holds already, so this is no error (exit 0)
         print("no shard has failed: nothing to requeue (a done shard is requeued by name, with --shard-id)")

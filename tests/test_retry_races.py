@@ -56,10 +56,10 @@ def test_a_completion_confirmed_while_retry_archives_is_not_trusted_after_it(
     assert SnapshotCache(job, store, LONG).refresh(newer_than=store.now()).complete  # a snapshot: complete
     archive, confirmed = retry_mod._archive, []
 
-    def confirm_then_archive(j: JobDir, key: str, name: str) -> None:
+    def confirm_then_archive(j: JobDir, key: str, name: str, *lock) -> None:
         if key == j.done_key(sid):  # the retry record is written; the done record still stands
             confirmed.append(_cache(job, "confirmer").get().complete)
-        archive(j, key, name)
+        archive(j, key, name, *lock)
 
     monkeypatch.setattr(retry_mod, "_archive", confirm_then_archive)
     assert retry_mod.requeue(JobDir(job.root), [sid]) == [sid]

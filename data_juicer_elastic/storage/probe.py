@@ -242,11 +242,11 @@ def _delete_refused(store: Any, full: str, stale: str) -> bool:
 
 
 def refuse_delete_if_match(store: Any) -> StoreRefused:
-    """The refusal of a command that deletes a record only in the version it read, on a store that ignores
-    ``If-Match`` on DELETE (the record could be another writer's newer one by then)."""
+    """The refusal of a delete asked to remove a key only in the version its caller read, on a store that
+    ignores ``If-Match`` on DELETE (the key could hold another writer's newer version by then). No caller
+    asks for one there: ``dj-elastic retry`` deletes under its lock instead (``job.records.retry_lock``)."""
     return StoreRefused(
         f"{store.describe()}: the store ignores If-Match on DELETE (the startup probe deleted a key on a stale "
-        "ETag), so `dj-elastic retry` could delete a done or failed record written after it read it. Run the "
-        "retry with the job dir on a store that honours conditional deletes (AWS S3) or on a shared POSIX "
-        "directory, or rerun the job under a new job_dir."
+        "ETag), so a delete of one version of a key cannot be kept there; delete it unconditionally under a "
+        "lock that keeps every other writer away, as `dj-elastic retry` does."
     )

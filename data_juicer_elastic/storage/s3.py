@@ -226,7 +226,7 @@ class S3Store:
 
     def delete(self, key: str, if_ver: Ver | None = None) -> bool:
         """One DELETE; with ``if_ver``, ``If-Match``, which a store that ignores it (the probe says) cannot
-        keep: refused before anything is deleted (``dj-elastic retry``, the one caller, refuses at its start)."""
+        keep: refused before anything is deleted (``dj-elastic retry`` sends none there: it deletes under its lock)."""
         condition = {} if if_ver is None else {"IfMatch": self.sent(if_ver)}
         if if_ver is not None and not self.conditions().delete_if_match:
             from data_juicer_elastic.storage.probe import refuse_delete_if_match

@@ -10,14 +10,17 @@ a wrong number would hand a shard more, or fewer, retries than the policy says.
 
 While it archives, ``state/retry/<stamp>.archiving`` stands (``ARCHIVING``): the
 end-of-job confirmation (``worker.sweep.SnapshotCache``) neither makes nor
-trusts a "complete" marker while one does (see ``requeue``).
+trusts a "complete" marker while one does (see ``requeue``). One retry of a
+generation runs at a time: ``state/retry.lock`` (``retry_lock``).
 """
 
 from __future__ import annotations
 
+import re
+import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import orjson
@@ -29,10 +32,12 @@ from data_juicer_elastic.job.records._read import MISSING, int_or, load_key
 from data_juicer_elastic.job.records.attempt import load_attempt
 from data_juicer_elastic.job.records.done import is_done, load_done
 from data_juicer_elastic.job.records.failed import is_failed
+from data_juicer_elastic.job.records.retry_lock import RetryLock, take
 from data_juicer_elastic.job.records.workers import WorkerRecord, read_key
 from data_juicer_elastic.storage.files import dumps_json
 
 ARCHIVING = ".archiving"  # the suffix of the name a requeue holds in state/retry while it archives
+_STAMP_RE = re.compile(r"^[0-9]{8}T[0-9]{6}-[0-9a-f]{6}$")
 
 
 @dataclass(frozen=True)
@@ -126,8 +131,8 @@ def _keep(job: JobDir, data: bytes, name: str) -> None:
         raise UserError(f"retry: {job.history_dir / name} exists already; run retry again (a new name is drawn)")
 
 
-def _archive(job: JobDir, key: str, name: str) -> None:
-    """Move the record at ``key`` to state/history: a copy first, then the record, only in the version copied.
+def _archive(job: JobDir, key: str, name: str, lock: RetryLock) -> None:
+    """Move the record at ``key`` to state/history: a copy first, then the record (see ``requeue``).
 
     A kill between the two leaves both; the record still stands, so the shard reads as before and a
     later ``retry`` archives it again.
@@ -138,7 +143,14 @@ def _archive(job: JobDir, key: str, name: str) -> None:
             raise IntegrityError(f"{job.root / key}: not a record (a link?); move it away, then run retry again")
         return  # archived meanwhile by another retry
     _keep(job, got[0], name)
-    job.store.delete(key, if_ver=got[1].ver)
+    lock.renew()  # still the one retry: nobody else deleted this key since it was read
+    lock.delete_ok()
+    job.store.delete(key, if_ver=got[1].ver if _conditional_delete(job.store) else None)
+
+
+def _conditional_delete(store: object) -> bool:
+    """Whether ``delete(if_ver=...)`` is kept (POSIX checks, then unlinks; S3 where the probe saw it)."""
+    return not getattr(store, "probed", False) or store.conditions().delete_if_match  # type: ignore[attr-defined]
 
 
 def retry_base(job: JobDir, shard: str) -> int:
@@ -180,7 +192,13 @@ def _publisher(job: JobDir, shard: str) -> dict | None:
     return {"attempt": done.attempt, "worker": done.worker, "rows": done.rows, "error_rows": done.error_rows}
 
 
-def requeue(job: JobDir, shard_ids: list[str] | None = None, *, all_failed: bool = False) -> list[str]:
+def requeue(
+    job: JobDir,
+    shard_ids: list[str] | None = None,
+    *,
+    all_failed: bool = False,
+    log: Callable[[str], None] | None = None,
+) -> list[str]:
     """Requeue shards: archive their failed/done records in state/history, reset the retry budget.
 
     The budget is reset by a retry record naming the last attempt so far, so
@@ -188,34 +206,58 @@ def requeue(job: JobDir, shard_ids: list[str] | None = None, *, all_failed: bool
     no failed shard it requeues nothing and returns ``[]``: the state asked for
     already holds (the caller says so); naming no shard at all is a UserError.
 
+    Why a record deleted is the record read, even where DELETE ignores ``If-Match`` (Ceph RGW 16): done and
+    failed records are only ever created (``publish_done``/``publish_failed``: create-once, a backup's
+    too), never replaced, and this is their only deleter. So between our read and our delete only another
+    retry can change the key (delete it, then a new attempt create a new one). ``state/retry.lock``
+    (``retry_lock``) lets one retry of a generation run at a time, on every store: one path, and POSIX's
+    delete on a version is a check, then an unlink; a version is still sent where the store keeps it.
+
     Why no "complete" marker outlives it: a marker names the retry stamp read before its maker listed
     ``state/done`` (a digest of this folder's names and versions). The ``.archiving`` name stands from
     before the first write to after the last archive, so a stamp read meanwhile is no stamp (no marker);
     one read before it differs from every stamp after (this run's records are new versions); one read
     after it was read after every archive, so its listing misses the archived done records. A kill -9
-    leaves the name: markers stop until it is removed, and each process lists for itself (slower, not wrong).
+    leaves the name: the retry that takes its lock over removes it once its own stands.
     """
-    if all_failed:
-        shard_ids = sorted(job.failed_ids())
-        if not shard_ids:
-            return []
-    if not shard_ids:
+    if not all_failed and not shard_ids:
         raise UserError("retry: name shards with --shard-id, or use --all-failed")
-    for sid in shard_ids:
+    for sid in shard_ids or ():
         job.shard(sid)  # validates the id
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
+    lock = take(job, stamp, log or _say)
+    try:
+        if all_failed:
+            shard_ids = sorted(job.failed_ids())  # listed under the lock: no other retry archives meanwhile
+            if not shard_ids:
+                return []
+        _requeue_all(job, shard_ids or [], stamp, lock)
+    finally:
+        lock.release()
+    return list(shard_ids or [])
+
+
+def _requeue_all(job: JobDir, shard_ids: list[str], stamp: str, lock: RetryLock) -> None:
+    """Each shard's requeue, under the ``.archiving`` name (and a killed holder's name removed, once ours stands)."""
     busy = job.key(job.retry_dir / f"{stamp}{ARCHIVING}")
     if job.store.create(busy, stamp.encode()) is None:
         raise UserError(f"retry: {job.retry_dir / (stamp + ARCHIVING)} exists already; run retry again")
     try:
+        dead = lock.took_from.get("stamp")
+        if isinstance(dead, str) and _STAMP_RE.match(dead) and dead != stamp:
+            job.store.delete(job.key(job.retry_dir / f"{dead}{ARCHIVING}"))
         for sid in shard_ids:
-            _requeue_one(job, sid, stamp)
+            _requeue_one(job, sid, stamp, lock)
     finally:
         job.store.delete(busy)
-    return list(shard_ids)
 
 
-def _requeue_one(job: JobDir, sid: str, stamp: str) -> None:
+def _say(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+def _requeue_one(job: JobDir, sid: str, stamp: str, lock: RetryLock) -> None:
+    lock.renew()
     store = claim_store(job)
     failed, done = is_failed(job, sid), is_done(job, sid)
     latest = store.latest_attempt(sid)
@@ -228,9 +270,9 @@ def _requeue_one(job: JobDir, sid: str, stamp: str) -> None:
         publishers = (*publishers, publisher)
     write_retry(job, RetryRecord(sid, latest, time.time(), publishers), stamp)
     if failed:
-        _archive(job, job.failed_key(sid), f"{stamp}-{sid}.failed.json")
+        _archive(job, job.failed_key(sid), f"{stamp}-{sid}.failed.json", lock)
     if done:
-        _archive(job, job.done_key(sid), f"{stamp}-{sid}.done.json")
+        _archive(job, job.done_key(sid), f"{stamp}-{sid}.done.json", lock)
     for attempt in (latest, latest - 1):  # the latest, and the attempt it may back up
         if attempt > 0 and _ended(job, sid, attempt):
             store.release_attempt(sid, attempt)
