@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from data_juicer_elastic.dedup.driver import GATE_ENV, GATE_UNIT_ENV
+from data_juicer_elastic.storage.store import Store, store_for
 from tests.reference import write_jsonl
 from tests.test_dedup_job import check, corpus, elastic_config, reference, start
 
@@ -43,35 +44,49 @@ def wait_entered(gate: Path, nodes: list) -> str:
     return (gate / "entered").read_text()
 
 
-def unit_done(job: Path, unit: str) -> dict:
-    (record,) = job.glob(f"generations/*/state/stage-done/{unit}.json")
-    return json.loads(record.read_bytes())
+def unit_done(store: Store, unit: str) -> dict:
+    """The unit's done record, found by listing the job (it sits in its generation's ``state/stage-done``)."""
+    (key,) = [e.key for e in store.list("generations") if e.key.endswith(f"/state/stage-done/{unit}.json")]
+    got = store.read(key)
+    assert got is not None
+    return json.loads(got[0])
 
 
-@pytest.mark.parametrize("unit", UNITS)
-def test_a_node_killed_inside_a_unit_and_restarted_equals_the_default_executor(tmp_path, dataset, unit):
-    path, rows, want = dataset
-    config = elastic_config(tmp_path, path)
-    gate = tmp_path / "gate"
+def killed_in_unit_and_restarted(tmp: Path, config: Path, unit: str, **env: str) -> None:
+    """Two nodes gated at ``unit``; the one that stops in it is killed -9 whole, then restarted ungated; every
+    node that ran to the end exits 0."""
+    gate = tmp / "gate"
     gate.mkdir()
-    env = {GATE_ENV: str(gate), GATE_UNIT_ENV: unit}
-    nodes = [start(tmp_path, config, host, n, **env) for n, host in enumerate(["node-a", "node-b"])]
+    env.update({GATE_ENV: str(gate), GATE_UNIT_ENV: unit})
+    nodes = [start(tmp, config, host, n, **env) for n, host in enumerate(["node-a", "node-b"])]
     try:
         host = wait_entered(gate, nodes)
         victim = next(n for n in nodes if n.host == host)
         victim.kill()
         assert victim.proc.returncode == -9
         (gate / "open").touch()
-        nodes.append(start(tmp_path, config, host, len(nodes)))  # the same host, restarted, ungated
+        del env[GATE_ENV], env[GATE_UNIT_ENV]
+        nodes.append(start(tmp, config, host, len(nodes), **env))  # the same host, restarted, ungated
         for node in nodes:
             if node is not victim:
                 assert node.wait(600) == 0, node.tail()
     finally:
         for node in nodes:
             node.kill()
-    check(tmp_path, rows, want)
-    done = unit_done(tmp_path / "job", unit)
+
+
+def check_taken_over(store: Store, unit: str) -> None:
+    """The unit's done record names a later attempt than the killed first one, whose outputs were written."""
+    done = unit_done(store, unit)
     assert done["attempt"] >= 2, done  # the killed attempt 1 never published
     for name, out in done["outputs"].items():
-        folder = out["key"].rsplit("/", 2)[0]
-        assert (tmp_path / "job" / folder / "0001" / name).is_file(), f"the killed attempt had not written {name}"
+        first = f"{out['key'].rsplit('/', 2)[0]}/0001/{name}"
+        assert store.head(first) is not None, f"the killed attempt had not written {first}"
+
+
+@pytest.mark.parametrize("unit", UNITS)
+def test_a_node_killed_inside_a_unit_and_restarted_equals_the_default_executor(tmp_path, dataset, unit):
+    path, rows, want = dataset
+    killed_in_unit_and_restarted(tmp_path, elastic_config(tmp_path, path), unit)
+    check(tmp_path, rows, want)
+    check_taken_over(store_for(str(tmp_path / "job")), unit)
