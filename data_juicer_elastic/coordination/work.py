@@ -19,6 +19,7 @@ from data_juicer_elastic.coordination.finalize import finalize_round
 from data_juicer_elastic.coordination.run_id import safe_key
 from data_juicer_elastic.coordination.rundir import EXIT_FAILED, EXIT_OK, Outcome, RunDir
 from data_juicer_elastic.coordination.spec import JobSpec
+from data_juicer_elastic.dedup.budget import UnitFailed
 from data_juicer_elastic.dedup.driver import Driver, Stopped
 from data_juicer_elastic.errors import IntegrityError
 from data_juicer_elastic.folder_export import is_folder_export
@@ -125,6 +126,8 @@ class AfterPrepare:
             ran = Driver(self.job, *found, claims, should_stop=stop, log=self.log).run()
         except Stopped:
             return self.run.aborted()
+        except UnitFailed as exc:
+            return self.abort(str(exc))
         except Exception as exc:
             return self.abort(f"host={self.host}: dedup stages failed: {type(exc).__name__}: {exc}")
         self.log(f"host={self.host}: dedup stages done ({ran} units here); the final pass runs as the shards")

@@ -4,16 +4,23 @@ Each unit is claimed through the shards' lease API (job/claims.py), renewed whil
 taken over once its holder's lease lapses, as a shard is. A node that finds a stage's remaining units held live
 elsewhere waits for them; a stage starts only on the stage before done. The final pass is the classic shard
 attempt (worker/loop.py), whose runner reads a shard's rows from :func:`final_rows`. No Ray, no Data-Juicer: the
-recipe's code comes in as :class:`units.Ops` from the runner.
+recipe's code comes in as :class:`units.Ops` from the runner. A unit attempt that raises or is lost counts
+against the unit's retry budget as a shard's does (dedup/budget.py).
+
+Tests only: a process whose environment names a unit in ``DJE_TEST_GATE_UNIT`` and a folder in
+``DJE_TEST_UNIT_GATE`` stops in that unit once its outputs are written, its done record not yet published (the
+lease still renewed), after leaving ``<folder>/entered`` (holding its host), until ``<folder>/open`` exists: a
+test kills the node there, by state rather than by time.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from data_juicer_elastic.dedup import units
+from data_juicer_elastic.dedup import budget, units
 from data_juicer_elastic.dedup.layout import DedupLayout, Unit
 from data_juicer_elastic.dedup.plan import Plan
 from data_juicer_elastic.errors import UserError
@@ -22,6 +29,7 @@ from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.storage.refresher import LeaseRefresher
 
 MAX_BUCKETS = 256
+GATE_ENV, GATE_UNIT_ENV = "DJE_TEST_UNIT_GATE", "DJE_TEST_GATE_UNIT"
 Log = Callable[[str], None]
 
 
@@ -50,6 +58,18 @@ def final_rows(job: JobDir, layout: DedupLayout, shard: str) -> list[dict]:
     return [row for _, row in pairs]
 
 
+def test_gate(unit: Unit, host: str) -> None:
+    """Tests only (see the module's docstring): hold ``unit`` here while the test's gate folder says so."""
+    gate = os.environ.get(GATE_ENV)
+    if not gate or os.environ.get(GATE_UNIT_ENV) != unit.id or os.path.exists(os.path.join(gate, "open")):
+        return
+    with open(os.path.join(gate, "entered.tmp"), "w", encoding="utf-8") as f:
+        f.write(host)
+    os.replace(os.path.join(gate, "entered.tmp"), os.path.join(gate, "entered"))
+    while not os.path.exists(os.path.join(gate, "open")):
+        time.sleep(0.05)
+
+
 @dataclass
 class Driver:
     """One node's pre-phase: the units of every stage before the final one, claimed and run one at a time."""
@@ -61,6 +81,11 @@ class Driver:
     should_stop: Callable[[], bool] = lambda: False
     log: Log = lambda _: None
     poll: float = 0.2
+    max_retries: int = -1  # the job's policy when left at -1
+
+    def __post_init__(self) -> None:
+        if self.max_retries < 0:
+            self.max_retries = self.job.manifest().policy.max_retries
 
     def run(self) -> int:
         """Run until every stage before the final one is done (by this node or others); units this node ran."""
@@ -95,6 +120,8 @@ class Driver:
         current = self.claims.latest_attempt(unit.id)
         if current and self.claims.live_pair(unit.id, current, self.claims.now()):
             return None
+        if current and budget.over_budget(self.job, unit, current, self.claims.host, self.max_retries):
+            raise budget.UnitFailed(budget.failed_message(self.job, unit))
         return self.claims.try_claim(unit.id, current)
 
     def run_claimed(self, unit: Unit, lease: Lease) -> int:
@@ -108,8 +135,13 @@ class Driver:
             with renew:
                 if units.is_done(store, self.layout, unit):
                     return 0
-                started = time.monotonic()
-                done = units.run_unit(store, self.layout, unit, lease.attempt, self.ops)
+                started, at = time.monotonic(), time.time()
+                try:
+                    done = units.run_unit(store, self.layout, unit, lease.attempt, self.ops)
+                    test_gate(unit, lease.host)
+                except Exception as exc:
+                    self.failed(unit, lease, at, exc)
+                    return 0
                 if not claims.is_current(lease):
                     self.log(f"dedup unit {unit.id} attempt {lease.attempt}: superseded, not published")
                     return 0
@@ -119,3 +151,14 @@ class Driver:
                 return 1
         finally:
             claims.release(lease)
+
+    def failed(self, unit: Unit, lease: Lease, started: float, exc: Exception) -> None:
+        """Record the attempt's failure (its lease still held); past the budget, fail the unit and end the run."""
+        failures = budget.record_failure(self.job, unit, lease, started, exc)
+        error = f"{type(exc).__name__}: {exc}"
+        self.log(
+            f"dedup unit {unit.id} attempt {lease.attempt} failed ({failures} failure(s), "
+            f"max_retries {self.max_retries}): {error}"
+        )
+        if budget.over_budget(self.job, unit, lease.attempt, self.claims.host, self.max_retries, error):
+            raise budget.UnitFailed(budget.failed_message(self.job, unit))
