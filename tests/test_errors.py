@@ -11,6 +11,8 @@ import pkgutil
 from pathlib import Path
 
 import data_juicer_elastic
+from data_juicer_elastic.dedup.budget import UnitFailed
+from data_juicer_elastic.dedup.driver import Stopped
 from data_juicer_elastic.errors import ElasticError, IntegrityError, JobFailed, PermanentError, UserError
 from data_juicer_elastic.jsonl import LineProblem
 from data_juicer_elastic.prepare.pool import _portable, _relinked
@@ -19,6 +21,7 @@ from data_juicer_elastic.prepare.split import TooFewRows
 from data_juicer_elastic.storage.dialects import NoCompareAndSwap
 from data_juicer_elastic.storage.files import disk_full_in
 from data_juicer_elastic.storage.probe import StoreRefused
+from data_juicer_elastic.storage.s3_deadline import DeadlineMissed
 from data_juicer_elastic.storage.s3_upload import Refused
 from data_juicer_elastic.worker.attempt import ShardMismatch
 from data_juicer_elastic.worker.disk_full import NoSpace
@@ -49,6 +52,9 @@ def _samples() -> list[BaseException]:
         StoreRefused("s3://bucket/job at http://127.0.0.1:9000 lets a second create-once write through"),
         Refused("s3://bucket/out/merged.jsonl: exists; pass --overwrite to replace it"),
         NoCompareAndSwap("dialect oss: a PutObject with If-Match cannot be sent; the job dir cannot be on OSS"),
+        DeadlineMissed("s3://bucket/job/state/done/part-00000.json: not sent, its deadline is 0.5s away"),
+        UnitFailed("dedup unit d0-bucket-00001 failed terminally after 3 failure(s); log: attempts/x/0003"),
+        Stopped(),
     ]
 
 
