@@ -324,6 +324,7 @@ def format_status(st, *, show_all: bool) -> str:
             f"op errors: {st.error_rows} row(s) removed by ops that raised (skip_op_error); "
             "see each shard's ops.json and process.log, or `dj-elastic report`"
         )
+    lines += st.dedup_lines()
     if st.hosts:
         lines.append("hosts: " + ", ".join(f"{h}={n}" for h, n in sorted(st.hosts.items())))
     if st.earlier_attempts:

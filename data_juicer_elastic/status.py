@@ -6,6 +6,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from data_juicer_elastic.dedup.progress import DedupProgress, dedup_progress, stage_lines
 from data_juicer_elastic.errors import IntegrityError, one_line
 from data_juicer_elastic.job.claims import ClaimStore, claim_store, latest_of, lease_key
 from data_juicer_elastic.job.layout import JobDir
@@ -56,6 +57,11 @@ class JobStatus:
     shard_count: int = 0  # the job's shards (``shards`` lists them all only with ``per_shard``)
     per_shard: bool = True  # ``shards`` lists every shard; else only those started and not done (a summary)
     earlier_attempts: int = 0  # attempts before each shard's latest: failed, lost or beaten by a backup
+    dedup: list[DedupProgress] = field(default_factory=list)  # per dedup its stages (dedup/progress.py)
+
+    def dedup_lines(self) -> list[str]:
+        """``dj-elastic status``'s lines of the dedup stages, one per dedup (none without deduplicators)."""
+        return stage_lines(self.dedup)
 
     def to_dict(self) -> dict:
         """JSON-ready view for output only: shard entries are the objects' own dicts.
@@ -64,6 +70,10 @@ class JobStatus:
         """
         d = dict(vars(self))
         d["shards"] = [vars(s) for s in self.shards]
+        if self.dedup:
+            d["dedup"] = [vars(p) for p in self.dedup]
+        else:
+            del d["dedup"]  # a job without deduplicators reads as it always did
         return d
 
 
@@ -74,9 +84,16 @@ def job_status(job: JobDir, *, details: bool = True, per_shard: bool = True) -> 
     record per done shard and, with ``details``, counts the lost attempts of done shards (one attempt.json
     read per earlier attempt of each); ``dj-elastic status`` asks for it with ``--shards`` or ``--all``.
     The summary (``job_summary``) takes the done shards' totals from the worker records instead.
+    A recipe with deduplicators adds its stages (``dedup/progress.py``: the recipe snapshot, two listings,
+    one read per done join); the shards are the final pass's units.
     """
-    if not per_shard:
-        return job_summary(job)
+    st = _job_status(job, details) if per_shard else job_summary(job)
+    st.dedup = dedup_progress(job)
+    st.failed = st.failed or any(p.failed for p in st.dedup)  # a unit failed past its budget stops the job
+    return st
+
+
+def _job_status(job: JobDir, details: bool) -> JobStatus:
     manifest = job.manifest()
     store = claim_store(job)
     done, failed = job.done_ids(), job.failed_ids()

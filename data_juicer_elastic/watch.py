@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
+from data_juicer_elastic.dedup.progress import brief
 from data_juicer_elastic.errors import ElasticError
 from data_juicer_elastic.job.claims import claim_store
 from data_juicer_elastic.job.layout import JobDir
@@ -48,6 +49,8 @@ def progress_line(st: JobStatus) -> str:
             parts.append(f"ETA {duration(left / st.rows_per_sec)}")
     if st.error_rows:
         parts.append(f"{st.error_rows} row(s) removed by op errors")
+    if st.dedup:
+        parts.append(brief(st.dedup))
     return "; ".join(parts)
 
 

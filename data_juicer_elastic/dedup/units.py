@@ -10,6 +10,7 @@ holds, so a range reader never reads the whole file to trust its slice.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import socket
@@ -80,10 +81,13 @@ class UnitDone:
     rows: int = -1  # rows written (hash, final); -1 where a unit writes none
     host: str = ""
     pid: int = 0
+    removed: int = -1  # rows a join removed (what status and the PASS line say); -1 for other units
 
     def to_json(self) -> bytes:
         outs = {n: {"key": o.key, "size": o.size, "sha256": o.sha256} for n, o in sorted(self.outputs.items())}
         body = {"unit": self.unit, "attempt": self.attempt, "outputs": outs, "rows": self.rows}
+        if self.removed >= 0:
+            body["removed"] = self.removed
         return orjson.dumps({**body, "host": self.host, "pid": self.pid}, option=orjson.OPT_SORT_KEYS)
 
 
@@ -118,7 +122,8 @@ def load_done(store: Store, layout: DedupLayout, unit: Unit) -> UnitDone | None:
     for name, out in outputs.items():
         if out.key != layout.output_key(unit, attempt, name):
             raise IntegrityError(f"{key}: output {name} at {out.key!r}, not attempt {attempt}'s own key")
-    return UnitDone(unit.id, attempt, outputs, int(raw.get("rows", -1)), str(raw.get("host", "")))
+    rows, removed = int(raw.get("rows", -1)), int(raw.get("removed", -1))
+    return UnitDone(unit.id, attempt, outputs, rows, str(raw.get("host", "")), removed=removed)
 
 
 def verified_inputs(store: Store, layout: DedupLayout, units: Iterable[Unit]) -> list[UnitDone]:
@@ -264,7 +269,7 @@ def join_unit(store: Store, layout: DedupLayout, unit: Unit, attempt: int, ops: 
         REMOVED: _put(store, layout.output_key(unit, attempt, REMOVED), data),
         REMOVED_INDEX: _put(store, layout.output_key(unit, attempt, REMOVED_INDEX), index_of(data)),
     }
-    return _done(unit, attempt, outputs)
+    return dataclasses.replace(_done(unit, attempt, outputs), removed=len(removed))
 
 
 def final_unit(store: Store, layout: DedupLayout, unit: Unit, attempt: int, ops: Ops) -> UnitDone:
