@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from data_juicer_elastic.dedup.progress import brief
+from data_juicer_elastic.dedup.progress import brief, dedup_layout, progress_of
 from data_juicer_elastic.errors import ElasticError
 from data_juicer_elastic.job.claims import claim_store
 from data_juicer_elastic.job.layout import JobDir
@@ -84,6 +84,9 @@ class ProgressReader:
         self.job_dir = job_dir
         self._cache: SnapshotCache | None = None
         self._rows = 0
+        self._dedup: tuple | None = None  # (job, plan, layout) of a recipe with deduplicators
+        self._removed: dict[int, int] = {}  # each done join's removed rows (its done record is create-once)
+        self._stages = ""  # the dedup words once every join is done: nothing more to list
 
     def line(self) -> str | None:
         """The progress line, or None while the job dir is not prepared yet (or unreadable)."""
@@ -93,10 +96,24 @@ class ProgressReader:
                 if not job.exists():
                     return None
                 self._rows = job.manifest().total_rows
+                found = dedup_layout(job)
+                self._dedup = (job, *found) if found is not None else None
                 self._cache = SnapshotCache(job, claim_store(job), refresh_interval(job))
-            return snapshot_line(self._cache.get(fresh=True), self._rows)
+            line = snapshot_line(self._cache.get(fresh=True), self._rows)
+            stages = self.stages()
+            return f"{line}; {stages}" if stages else line
         except (OSError, ValueError, ElasticError):
             return None
+
+    def stages(self) -> str:
+        """``dedup: d0 exact removed 40 rows, d1 minhash bucket 2/4`` ("" without deduplicators): two listings
+        a tick while a join is not done, one read per join as it gets done, nothing once all are."""
+        if self._dedup is None or self._stages:
+            return self._stages
+        found = progress_of(*self._dedup, self._removed)
+        if all(p.done for p in found):
+            self._stages = brief(found)
+        return brief(found)
 
 
 def job_progress(job_dir: str) -> str | None:

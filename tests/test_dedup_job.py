@@ -6,6 +6,8 @@ row, in input order."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -117,7 +119,30 @@ def test_two_nodes_equal_the_default_executor(tmp_path, job):
         finally:
             for node in nodes:
                 node.kill()
-    check(tmp_path, rows, ref.result())
+    want = ref.result()
+    check(tmp_path, rows, want)
     stage_done = tmp_path / "job" / "generations"
     hosts = {json.loads(p.read_bytes())["host"] for p in stage_done.glob("*/state/stage-done/*.json")}
     assert hosts, "no dedup stage unit was published"
+    words = check_status(tmp_path / "job", len(rows), len(want))
+    for node in nodes:
+        assert words in node.result(), node.result()
+
+
+def check_status(job: Path, rows: int, kept: int) -> str:
+    """``dj-elastic status --json`` on the finished job: every stage of both dedups done; MinHash removed what
+    its hash units' rows (after the filter) less the rows kept (the default executor's) say; the two dedups
+    and the filter removed every row not kept. The PASS line's dedup words."""
+    out = subprocess.run(
+        [sys.executable, "-m", "data_juicer_elastic.cli", "status", "--job-dir", str(job), "--json"],
+        capture_output=True,
+    )
+    assert out.returncode == 0, out.stderr.decode()[-3000:]
+    exact, minhash = json.loads(out.stdout)["dedup"]
+    assert (exact["op"], minhash["op"]) == ("document_deduplicator", "document_minhash_deduplicator")
+    for d in (exact, minhash):
+        assert d["failed"] == [] and d["stages"] == {"hash": [4, 4], "bucket": [4, 4], "join": [1, 1]}, d
+    hashed = sum(json.loads(p.read_bytes())["rows"] for p in job.glob("generations/*/state/stage-done/d1-hash-*"))
+    assert minhash["removed"] == hashed - kept > 0
+    assert 0 < exact["removed"] <= rows - hashed
+    return f"dedup: d0 exact removed {exact['removed']} rows, d1 minhash removed {minhash['removed']} rows"

@@ -8,12 +8,14 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from data_juicer_elastic import watch
 from data_juicer_elastic.cli import format_status
+from data_juicer_elastic.coordination.work import dedup_note
 from data_juicer_elastic.dedup import progress, units
 from data_juicer_elastic.dedup.layout import Unit
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.status import job_status
-from data_juicer_elastic.watch import progress_line
+from data_juicer_elastic.watch import ProgressReader, progress_line
 from data_juicer_elastic.worker.budget import fail_terminally
 
 from .jobs import jsonl_only, make_job
@@ -131,3 +133,22 @@ def test_a_job_without_dedups_reads_as_before(tmp_path):
     assert not [line for line in format_status(st, show_all=True).splitlines() if line.startswith("dedup")]
     assert "; dedup:" not in progress_line(st)
     assert progress.brief(st.dedup) == ""
+
+
+def test_the_console_line_and_the_pass_words_name_the_stages(job, monkeypatch):
+    reader = ProgressReader(str(job.root))
+    assert reader.line().endswith("; dedup: d0 exact hash 0/4, d1 minhash hash 0/4")
+    for dedup in (0, 1):
+        for stage in ("hash", "bucket", "join"):
+            run(job, stage, dedup)
+    words = "dedup: d0 exact removed 32 rows, d1 minhash removed 5 rows"
+    assert reader.line().endswith(f"; {words}")
+    monkeypatch.setattr(watch, "progress_of", None)  # every join done: the words are kept, nothing listed
+    assert reader.line().endswith(f"; {words}")
+    assert dedup_note(job) == f"; {words}"
+
+
+def test_a_job_without_dedups_has_the_lines_it_had(tmp_path):
+    job = make_job(tmp_path, rows=20, shards=2)
+    assert "dedup" not in ProgressReader(str(job.root)).line()
+    assert dedup_note(job) == ""

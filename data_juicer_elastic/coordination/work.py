@@ -21,7 +21,8 @@ from data_juicer_elastic.coordination.rundir import EXIT_FAILED, EXIT_OK, Outcom
 from data_juicer_elastic.coordination.spec import JobSpec
 from data_juicer_elastic.dedup.budget import UnitFailed
 from data_juicer_elastic.dedup.driver import Driver, Stopped
-from data_juicer_elastic.errors import IntegrityError
+from data_juicer_elastic.dedup.progress import brief, dedup_progress
+from data_juicer_elastic.errors import ElasticError, IntegrityError
 from data_juicer_elastic.folder_export import is_folder_export
 from data_juicer_elastic.job.claims import claim_store
 from data_juicer_elastic.job.layout import JobDir
@@ -242,7 +243,9 @@ class AfterPrepare:
         expected = f" ({len(hosts)} of {self.spec.nodes} expected nodes)" if self.spec.nodes else ""
         message = f"{shards} shards completed by {len(hosts)} host(s){expected}: {_listing(hosts)}; "
         into = f"written to folder {output}" if is_folder_export(output) else f"merged into {output}"
-        return Outcome(EXIT_OK, f"{message}{rows} rows {into}{note}", self.host, self.run.pid, hosts)
+        return Outcome(
+            EXIT_OK, f"{message}{rows} rows {into}{dedup_note(self.job)}{note}", self.host, self.run.pid, hosts
+        )
 
     def write_report(self) -> None:
         """The job report in the job dir; a report that cannot be written never fails the job."""
@@ -266,6 +269,16 @@ class AfterPrepare:
         self.write_report()
         dropped = describe_error_rows(error_rows_by_shard(self.job))
         return self.passed(merged.shards, hosts, merged.rows, merged.output, f"; {dropped}" if dropped else "")
+
+
+def dedup_note(job: JobDir) -> str:
+    """``; dedup: d0 exact removed 40 rows, d1 minhash removed 27 rows`` for a recipe with deduplicators, else
+    "" (the PASS line of a job without them is unchanged); a job that passed has every join done."""
+    try:
+        words = brief(dedup_progress(job))
+    except (OSError, ValueError, ElasticError) as exc:  # the merged output is what matters
+        words = f"dedup: not read ({type(exc).__name__}: {exc})"
+    return f"; {words}" if words else ""
 
 
 def _listing(hosts: dict[str, int]) -> str:
