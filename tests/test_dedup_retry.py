@@ -6,18 +6,22 @@ segment before the first dedup raises on one row, a set number of times, on node
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.reference import REPO
+from tests.nodes import start_node
+from tests.reference import DJ_PROCESS, REPO
 from tests.test_dedup_job import check, elastic_config, start
 from tests.test_dedup_kill import dataset  # noqa: F401 (the module's fixture: the corpus and its reference)
 
 pytestmark = pytest.mark.slow
 
 ROW = 60  # in the second of four input shards
+UNIT = "d0-hash-part-00001-of-00004"  # the unit that holds it
 
 
 def flaky_config(tmp: Path, path: Path, times: int, max_retries: int) -> Path:
@@ -78,3 +82,41 @@ def test_a_unit_past_its_budget_ends_the_job_exit_2_naming_the_unit_and_its_log(
     log = Path(message.split("; see ", 1)[1].split(";", 1)[0])
     assert log.name == "process.log" and "RuntimeError: planted failure 2 of 2" in log.read_text()
     assert not (tmp_path / "out" / "merged.jsonl").exists()
+
+
+def test_retry_all_failed_requeues_a_unit_past_its_budget_and_a_new_run_equals_the_default_executor(
+    tmp_path,
+    dataset,  # noqa: F811
+):
+    """The terminal failure above, then ``dj-elastic retry --all-failed``, then one node run again (the planted
+    cause gone): the job finishes equal to the default executor. Nothing after the failed unit is redone: a
+    failed unit published nothing, so no later stage ran; the hash units done before keep their records."""
+    path, rows, want = dataset
+    config = flaky_config(tmp_path, path, times=2, max_retries=1)
+    for code, node in run_two(tmp_path, config, times=2):
+        assert code == 2, node.tail()
+    (gen,) = (tmp_path / "job" / "generations").iterdir()
+    assert (gen / "state" / "failed" / f"{UNIT}.json").exists()
+    before = {p.name: p.read_bytes() for p in (gen / "state" / "stage-done").glob("*.json")}
+    assert all(name.startswith("d0-hash-") for name in before) and f"{UNIT}.json" not in before, sorted(before)
+    retried = cli("retry", "--job-dir", str(tmp_path / "job"), "--all-failed")
+    assert retried.returncode == 0 and UNIT in retried.stdout, retried.stderr
+    assert not (gen / "state" / "failed" / f"{UNIT}.json").exists()
+    assert list((gen / "state" / "history").glob(f"*-{UNIT}.failed.json"))
+    assert cli("status", "--job-dir", str(tmp_path / "job")).returncode == 1  # requeued: neither failed nor done
+    log = tmp_path / "node-again.log"
+    node = start_node([DJ_PROCESS, "--config", str(config)], "node-c", log, cwd=tmp_path, DJ_ELASTIC_RUN_ID="again")
+    try:
+        assert node.wait(600) == 0, node.tail()
+    finally:
+        node.kill()
+    check(tmp_path, rows, want)
+    after = {p.name: p.read_bytes() for p in (gen / "state" / "stage-done").glob("*.json")}
+    assert {name: after[name] for name in before} == before  # the units done before the retry were not redone
+    assert json.loads(after[f"{UNIT}.json"])["attempt"] == 3  # attempts 1 and 2 failed; the retry's is the third
+    status = json.loads(cli("status", "--job-dir", str(tmp_path / "job"), "--json").stdout)
+    assert status["complete"] and not status["failed"] and status["dedup"][0]["failed"] == []
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "data_juicer_elastic.cli", *args], capture_output=True, text=True)

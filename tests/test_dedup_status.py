@@ -13,7 +13,11 @@ from data_juicer_elastic.cli import format_status
 from data_juicer_elastic.coordination.work import dedup_note
 from data_juicer_elastic.dedup import progress, units
 from data_juicer_elastic.dedup.layout import Unit
+from data_juicer_elastic.errors import UserError
+from data_juicer_elastic.job.claims import claim_store
 from data_juicer_elastic.job.layout import JobDir
+from data_juicer_elastic.job.records.failed import failure_message
+from data_juicer_elastic.job.records.retry import requeue, retry_base
 from data_juicer_elastic.status import job_status
 from data_juicer_elastic.watch import ProgressReader, progress_line
 from data_juicer_elastic.worker.budget import fail_terminally
@@ -152,3 +156,23 @@ def test_a_job_without_dedups_has_the_lines_it_had(tmp_path):
     job = make_job(tmp_path, rows=20, shards=2)
     assert "dedup" not in ProgressReader(str(job.root)).line()
     assert dedup_note(job) == ""
+
+
+def test_retry_requeues_a_failed_unit_and_refuses_a_done_one(job):
+    """``dj-elastic retry`` on a unit past its budget: its failed record archived, its budget reset (its failure
+    count starts after the retry), by name or with ``--all-failed``; a done unit is refused, naming why."""
+    run(job, "hash", 0)
+    unit = Unit("bucket", 0, "00002")
+    claims = claim_store(job, "node-a")
+    for attempt, name in ((1, unit.id), (2, None)):
+        lease = claims.try_claim(unit.id, claims.latest_attempt(unit.id))
+        assert lease.attempt == attempt
+        fail_terminally(job, unit.id, attempt, "node-a", "RuntimeError: planted")
+        assert "dedup unit d0-bucket-00002 failed terminally" in failure_message(job, unit.id)
+        assert requeue(job, [unit.id] if name else None, all_failed=name is None, log=lambda _: None) == [unit.id]
+        assert unit.id not in job.failed_ids() and retry_base(job, unit.id) == attempt
+        assert not job_status(job, per_shard=False).failed
+    done = Unit("hash", 0, progress.dedup_layout(job)[1].shards[0])
+    with pytest.raises(UserError, match=f"dedup unit {done.id} is done and later stages read what it wrote"):
+        requeue(job, [done.id], log=lambda _: None)
+    assert units.is_done(job.store, progress.dedup_layout(job)[1], done)

@@ -54,7 +54,9 @@ def failed_message(job: JobDir, unit: Unit) -> str:
     rec = load_failed(job, unit.id)
     host, failures, error = (rec.host, rec.failures, rec.error) if rec else ("?", None, None)
     log = f"{job.root}/{rec.log}" if rec and rec.log else str(job.attempts_dir / unit.id)
+    gen = f" --generation {job.generation}" if job.generation else ""
     return (
         f"dedup unit {unit.id} ({unit.stage} stage of dedup {unit.dedup}) failed terminally on host={host} after "
-        f"{failures} failure(s): {one_line(error)}; see {log}; fix the cause and submit the job again"
+        f"{failures} failure(s): {one_line(error)}; see {log}; fix the cause, then "
+        f"`dj-elastic retry --job-dir {job.root}{gen} --all-failed` and submit the job again"
     )

@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from data_juicer_elastic.errors import IntegrityError, one_line
+from data_juicer_elastic.errors import ElasticError, IntegrityError, one_line
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.records._read import MISSING, int_or, load_key, number_or_none
 from data_juicer_elastic.storage.files import dumps_json
@@ -79,10 +79,18 @@ def failure_message(job: JobDir, sid: str) -> str:
     except IntegrityError:
         log = job.failed_path(sid)
     return (
-        f"shard {sid} failed terminally on host={rec.host} after {rec.failures} failure(s): "
+        f"{_what(job, sid)} {sid} failed terminally on host={rec.host} after {rec.failures} failure(s): "
         f"{one_line(rec.error)}; see {log}; fix the cause, then "
         f"`dj-elastic retry --job-dir {job.root}{_generation_arg(job)} --shard-id {sid}` and submit the job again"
     )
+
+
+def _what(job: JobDir, sid: str) -> str:
+    """ "shard", or "dedup unit" for a failed record that names no shard of the manifest (dedup/budget.py)."""
+    try:
+        return "shard" if sid in job.manifest().shards.rows_by_id() else "dedup unit"
+    except (OSError, ValueError, ElasticError):
+        return "shard"
 
 
 def _generation_arg(job: JobDir) -> str:

@@ -36,6 +36,7 @@ from data_juicer_elastic.job.records.retry_lock import RetryLock, take
 from data_juicer_elastic.job.records.workers import WorkerRecord, read_key
 from data_juicer_elastic.storage.files import dumps_json
 
+STAGE_DONE = "stage-done"  # dedup units' done records, in the generation's state folder (dedup/layout.py)
 ARCHIVING = ".archiving"  # the suffix of the name a requeue holds in state/retry while it archives
 _STAMP_RE = re.compile(r"^[0-9]{8}T[0-9]{6}-[0-9a-f]{6}$")
 
@@ -222,8 +223,11 @@ def requeue(
     """
     if not all_failed and not shard_ids:
         raise UserError("retry: name shards with --shard-id, or use --all-failed")
+    failed_now = job.failed_ids() if shard_ids else set()
     for sid in shard_ids or ():
-        job.shard(sid)  # validates the id
+        if sid not in failed_now:  # a failed record's name is a shard's or a dedup unit's (one listed: no path)
+            _refuse_done_unit(job, sid)
+            job.shard(sid)  # validates the id
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
     lock = take(job, stamp, log or _say)
     try:
@@ -235,6 +239,18 @@ def requeue(
     finally:
         lock.release()
     return list(shard_ids or [])
+
+
+def _refuse_done_unit(job: JobDir, sid: str) -> None:
+    """A done dedup unit is not requeued: the stages after it read its outputs, so redoing it alone could leave
+    them built on other rows; its record stays (a new recipe generation redoes every stage)."""
+    if "/" in sid or sid.startswith("."):
+        return  # no unit id: ``job.shard`` says what is wrong with it
+    if job.store.head(job.key(job.state_dir / STAGE_DONE / f"{sid}.json")) is not None:
+        raise UserError(
+            f"retry: dedup unit {sid} is done and later stages read what it wrote; it is not requeued "
+            "(only a unit failed past its retry budget is: --all-failed)"
+        )
 
 
 def _requeue_all(job: JobDir, shard_ids: list[str], stamp: str, lock: RetryLock) -> None:
@@ -257,6 +273,11 @@ def _say(message: str) -> None:
 
 
 def _requeue_one(job: JobDir, sid: str, stamp: str, lock: RetryLock) -> None:
+    """One shard, or one dedup unit failed past its budget (``state/failed/<unit>.json``, dedup/budget.py): the
+    same records, the same budget reset (the unit's failure count reads its retry record too). Nothing after a
+    failed unit is redone, and nothing needs to be: a unit publishes its done record only after its outputs, and
+    a failed unit has none, so no later stage (which starts only on the whole stage before it done) ever ran on
+    its inputs; a done unit is never requeued (``_refuse_done_unit``)."""
     lock.renew()
     store = claim_store(job)
     failed, done = is_failed(job, sid), is_done(job, sid)
