@@ -28,9 +28,9 @@ def test_several_typos_are_listed_under_their_count(tmp_path, parse) -> None:  #
 
 
 def test_an_op_refused_for_its_kind_keeps_the_headline(tmp_path, parse) -> None:  # noqa: F811
-    message = refusal(tmp_path, parse, process=[{"document_deduplicator": None}])
+    message = refusal(tmp_path, parse, process=[{"document_line_deduplicator": None}])  # no staged form
     assert message.splitlines()[0] == f"{tmp_path / 'r.yaml'}: {HEADLINE}:", message
-    assert "process[0] document_deduplicator" in message
+    assert "process[0] document_line_deduplicator" in message
 
 
 def test_a_top_level_key_typo_is_named_not_headlined_as_unrunnable(tmp_path, parse, capsys) -> None:  # noqa: F811
