@@ -16,6 +16,7 @@ from botocore.exceptions import ReadTimeoutError
 from data_juicer_elastic.job.claims import ClaimStore
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.records.attempt import load_attempt
+from data_juicer_elastic.storage.lapse import lapse_clock
 from data_juicer_elastic.storage.refresher import LeaseRefresher
 from data_juicer_elastic.storage.s3 import S3Store
 from data_juicer_elastic.storage.store import store_for
@@ -159,3 +160,17 @@ def test_a_store_error_while_publishing_fails_the_attempt_not_the_worker(tmp_pat
     record = load_attempt(job, sid, 1)
     assert record is not None and record.outcome == "failed" and "Could not connect" in (record.error or "")
     assert not job.done_ids()
+
+
+def test_a_publish_whose_send_cannot_end_before_the_lease_deadline_is_not_sent(moto_env, monkeypatch, tmp_path):
+    """Less time left than one send may take (connect + write + reply): nothing is sent, a store error is
+    raised, and the key is not there; with time to spare the same create lands. POSIX: a passed deadline."""
+    store = s3_store(monkeypatch, moto_env)
+    with pytest.raises(store.errors, match="deadline"):
+        store.create("done/a.json", b"{}\n", deadline=lapse_clock() + 1.0)
+    assert store.head("done/a.json") is None
+    assert store.create("done/a.json", b"{}\n", deadline=lapse_clock() + 600.0) is not None
+    local = store_for(str(tmp_path / "job"))
+    with pytest.raises(local.errors, match="deadline"):
+        local.create("done/a.json", b"{}\n", deadline=lapse_clock() - 1.0)
+    assert local.head("done/a.json") is None

@@ -39,6 +39,7 @@ from data_juicer_elastic.storage.files import (
     stage_blocks,
 )
 from data_juicer_elastic.storage.keys import Entry, Meta, Ver, is_internal, normalise_key, normalise_prefix
+from data_juicer_elastic.storage.lapse import lapse_clock
 from data_juicer_elastic.storage.urls import ObjectPath
 
 CLOCK_KEY = ".clock"  # the file ``now`` touches: internal (never listed), one per store
@@ -80,7 +81,13 @@ class PosixStore:
         """The file that holds ``key`` (normalised and confined)."""
         return self.root / normalise_key(key)
 
-    def create(self, key: str, data: bytes, *, exclusive: bool = False, durable: bool = True) -> Meta | None:
+    def create(
+        self, key: str, data: bytes, *, exclusive: bool = False, durable: bool = True, deadline: float | None = None
+    ) -> Meta | None:
+        """``deadline``: checked before the create's one call that publishes (a link or O_EXCL open): a local
+        call lands when it returns, so a late one is refused (a hung mount may still hold it past it)."""
+        if deadline is not None and lapse_clock() >= deadline:
+            raise TimeoutError(f"{self.root / key}: not written, its deadline passed (the lease may have lapsed)")
         path = self.path(key)
         if exclusive:
             won = in_folder(path, lambda: create_exclusive(path, data, durable=durable))

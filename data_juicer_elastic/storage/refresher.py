@@ -18,9 +18,9 @@ the beat on its own clock, POSIX by rewriting a byte in place, S3 by an
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 
+from data_juicer_elastic.storage.lapse import lapse_clock
 from data_juicer_elastic.storage.store import Store, Ver
 
 
@@ -55,7 +55,7 @@ class LeaseRefresher:
         self.on_lost = on_lost  # called once, from the refresher's thread, when the lease is lost
         self.lost = threading.Event()
         self._stop = threading.Event()
-        self._renewed = time.monotonic()  # the last successful renewal (the lease's creation, at first)
+        self._renewed = lapse_clock()  # when the last successful renewal was sent (the lease's creation, at first)
         self._longest = 0.0  # the longest stretch between two renewals so far
         name = key.rpartition("/")[2]
         self._thread = threading.Thread(target=self._run, name=f"lease-{name}", daemon=True)
@@ -63,6 +63,7 @@ class LeaseRefresher:
     def _run(self) -> None:
         failing = False
         while not self._stop.wait(self.interval):
+            sent = lapse_clock()  # the store stamps the beat after this: the lease is live until sent + lock timeout
             try:
                 new = self._renew()
             except self.store.errors as exc:  # a flaky mount, a full disk, an endpoint down: the lease only ages
@@ -74,7 +75,7 @@ class LeaseRefresher:
                 self._lose("superseded, replaced, released or removed")
                 return
             self.ver = new
-            self._renewed_now()
+            self._renewed_now(sent)
             failing = False
 
     def _renew(self) -> Ver | None:
@@ -83,14 +84,18 @@ class LeaseRefresher:
             return None
         return self.store.renew(self.key, self.ver)
 
-    def _renewed_now(self) -> None:
-        now = time.monotonic()
-        self._longest = max(self._longest, now - self._renewed)
-        self._renewed = now
+    def _renewed_now(self, sent: float) -> None:
+        self._longest = max(self._longest, sent - self._renewed)
+        self._renewed = sent
+
+    @property
+    def renewed_at(self) -> float:
+        """``lapse_clock`` when the last successful renewal was sent: no store stamp of the lease is older."""
+        return self._renewed
 
     def longest_gap(self) -> float:
         """Seconds of the longest stretch without a renewal since the lease was taken, up to now."""
-        return max(self._longest, time.monotonic() - self._renewed)
+        return max(self._longest, lapse_clock() - self._renewed)
 
     def _where(self) -> str:
         return f"{self.key} in {self.store.describe()}"

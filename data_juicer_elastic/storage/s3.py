@@ -113,11 +113,14 @@ class S3Store:
     def with_clock(self, key: str) -> S3Store:
         return self  # every response carries the store's own Date
 
-    def create(self, key: str, data: bytes, *, exclusive: bool = False, durable: bool = True) -> Meta | None:
-        """One ``If-None-Match: *`` PUT (``exclusive`` and ``durable`` change nothing: a PUT is whole and
-        durable either way); its ``modified`` is the response's ``Date``, the store's clock at the write (a
-        PUT has no Last-Modified)."""
-        resp = self._put_resp(self._full(normalise_key(key)), data, {"IfNoneMatch": "*"})
+    def create(
+        self, key: str, data: bytes, *, exclusive: bool = False, durable: bool = True, deadline: float | None = None
+    ) -> Meta | None:
+        """One ``If-None-Match: *`` PUT, ``modified`` its ``Date``; ``deadline`` bounds each send (``s3_deadline``)."""
+        from data_juicer_elastic.storage.s3_deadline import bounded_sends  # botocore: only with a client
+
+        with bounded_sends(self.client, deadline):
+            resp = self._put_resp(self._full(normalise_key(key)), data, {"IfNoneMatch": "*"})
         return None if resp is None else _meta(resp, len(data))
 
     def replace(self, key: str, data: bytes, if_ver: Ver | None = None, *, durable: bool = True) -> Ver | None:
@@ -125,9 +128,8 @@ class S3Store:
         return self._put(self._full(normalise_key(key)), data, {} if if_ver is None else {"IfMatch": if_ver})
 
     def renew(self, key: str, ver: Ver) -> Ver | None:
-        """An If-Match PUT of the next beat, its body carrying a fresh ``beat_token``; where the ETag moved,
-        a body with a token this process sent (a beat that landed while its reply was lost, in this call or
-        an earlier one) is ours: its ETag is adopted and the beat sent again over it (``s3_beats``)."""
+        """An If-Match PUT of the next beat (a fresh ``beat_token``); a moved ETag whose body has a token we
+        sent is our beat that landed unanswered: adopted, and the beat sent over it (``s3_beats``)."""
         full = self._full(normalise_key(key))
         beat = self._beat(full, ver) or self._landed(full)
         for _ in range(2):  # the second: over our own landed beat, once

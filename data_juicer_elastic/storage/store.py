@@ -43,7 +43,9 @@ class Store(Protocol):
         """Where the store is, as messages name it (a path; an s3:// URL and its endpoint)."""
         ...
 
-    def create(self, key: str, data: bytes, *, exclusive: bool = False, durable: bool = True) -> Meta | None:
+    def create(
+        self, key: str, data: bytes, *, exclusive: bool = False, durable: bool = True, deadline: float | None = None
+    ) -> Meta | None:
         """Write ``data`` at ``key`` unless a key is there: its Meta, or None when somebody else's is.
 
         The Meta's ``modified`` is the store's stamp of the create (a lease's
@@ -55,6 +57,8 @@ class Store(Protocol):
         name first and writes after (``O_EXCL``, fewer calls than temp + link),
         so a reader may briefly see it empty; S3 sends the same one PUT.
         ``durable`` as for ``replace`` (False: a power loss may leave the key missing again).
+        ``deadline`` (a ``lapse_clock`` reading, a publish's lease end): no write is sent that could land
+        after it; one that cannot start in time raises one of ``errors`` instead.
         """
         ...
 

@@ -276,7 +276,7 @@ class Attempt:
         )
         try:
             with space_for(self.job.done_path(record.shard)):
-                published = publish_done(self.job, record)
+                published = publish_done(self.job, record, self._deadline())
         except self.job.store.errors as exc:  # the endpoint down, a mount gone: this attempt ends, not the worker
             return self._unpublished(exc)
         if not published:
@@ -301,6 +301,11 @@ class Attempt:
             + (dropped if record.error_rows else "")
         )
         return "done"
+
+    def _deadline(self) -> float:
+        """The publish's deadline on ``lapse_clock``: no store stamp of the lease is older than the last beat
+        sent, so until ``lock_timeout`` past it no other process can judge the lease stale."""
+        return self.beat.renewed_at + self.policy.lock_timeout_secs
 
     def _unpublished(self, exc: Exception) -> str:
         """A store error while publishing: the attempt fails and is retried like any failure; where even its

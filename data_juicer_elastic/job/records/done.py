@@ -76,13 +76,15 @@ def expected_output(job: JobDir, shard: str, attempt: int) -> str:
     return job.relative(job.attempt_output(shard, attempt))
 
 
-def publish_done(job: JobDir, record: DoneRecord) -> bool:
+def publish_done(job: JobDir, record: DoneRecord, deadline: float | None = None) -> bool:
     """Publish the shard's done record unless one is there already; True if this call did.
 
     Create-once on the store: a record already holding these very bytes counts as this call's (an NFS
     LINK retransmitted after it landed, an S3 PUT resent), which the worker's unique fields make ours alone.
+    ``deadline`` (``lapse_clock``): no request is sent that could land after it (``Store.create``).
     """
-    return job.store.create(job.done_key(record.shard), dumps_json(record.to_dict())) is not None
+    data = dumps_json(record.to_dict())
+    return job.store.create(job.done_key(record.shard), data, deadline=deadline) is not None
 
 
 def is_done(job: JobDir, shard: str) -> bool:
