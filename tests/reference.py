@@ -171,6 +171,22 @@ def elastic_recipe(path: Path, dataset: Path, export: Path, job: Path, process: 
     return path
 
 
+def exploding_recipe(tmp_path: Path) -> Path:
+    """40 rows through ``dje_test_exploding_mapper`` (tests/ops/exploding_ops.py), which raises on row 7 every
+    time, with ``skip_op_error: false``: the shard holding it fails on each attempt."""
+    data = tmp_path / "data.jsonl"
+    write_jsonl(data, [{"id": i, "text": f"text {i}"} for i in range(40)])
+    return elastic_recipe(
+        tmp_path / "fail.yaml",
+        data,
+        tmp_path / "out" / "merged.jsonl",
+        tmp_path / "job",
+        process=[{"dje_test_exploding_mapper": None}],
+        skip_op_error=False,
+        custom_operator_paths=[str(REPO / "tests" / "ops" / "exploding_ops.py")],
+    )
+
+
 def run_elastic(config: Path, cwd: Path, *overrides: str) -> subprocess.CompletedProcess:
     """``dj-process --config`` of an elastic recipe, which must pass."""
     out = dj_process("--config", str(config), *overrides, cwd=cwd)

@@ -32,6 +32,7 @@ from pathlib import Path
 import pytest
 
 from tests.require import require
+from tests.s3server import create_bucket
 
 DAEMONS = ("ceph-mon", "ceph-osd", "radosgw", "radosgw-admin", "monmaptool", "ceph")
 MEMSTORE_BYTES = 2 << 30  # the OSD's RAM cap: the suite stores a few hundred MiB at most
@@ -136,7 +137,7 @@ class Cluster:
         self.ceph("user", "create", "--uid", "dje", "--display-name", "dje", "--access-key", ACCESS_KEY,
                   "--secret-key", SECRET_KEY, tool="radosgw-admin")  # fmt: skip
         env = {"AWS_ENDPOINT_URL": self.endpoint, **CREDENTIALS}
-        _create_bucket(bucket, env)
+        create_bucket(bucket, env)
         return env
 
     def _wait_answering(self) -> None:
@@ -162,17 +163,6 @@ class Cluster:
                 proc.kill()
             proc.wait()
         self.procs.clear()
-
-
-def _create_bucket(bucket: str, env: dict[str, str]) -> None:
-    import boto3
-
-    session = boto3.session.Session(
-        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-        region_name=env["AWS_DEFAULT_REGION"],
-    )
-    session.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"]).create_bucket(Bucket=bucket)
 
 
 @contextlib.contextmanager

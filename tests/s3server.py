@@ -260,7 +260,7 @@ def s3_server(
         endpoint = f"http://127.0.0.1:{int(line.split()[1])}"
         _wait_answering(endpoint, proc)
         server_env = {"AWS_ENDPOINT_URL": endpoint, **CREDENTIALS}
-        _create_bucket(bucket, server_env)
+        create_bucket(bucket, server_env)
         yield server_env
     finally:
         proc.kill()
@@ -303,7 +303,8 @@ def _wait_answering(endpoint: str, proc: subprocess.Popen) -> None:
             time.sleep(0.05)
 
 
-def _create_bucket(bucket: str, server_env: dict[str, str]) -> None:
+def create_bucket(bucket: str, server_env: dict[str, str]) -> None:
+    """``bucket`` on the server ``server_env`` names (its endpoint and keys), as a user's first step."""
     import boto3
 
     session = boto3.session.Session(

@@ -57,19 +57,24 @@ def test_a_store_without_create_once_is_refused_before_anything_is_written(
     assert list(store_for(url).list("")) == []  # the probe's key deleted, nothing else written
 
 
+def verify_cli(url: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """``dj-elastic verify`` of the job dir ``url`` on the server ``env`` names, as an operator runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "data_juicer_elastic.cli", "verify", "--job-dir", url],
+        cwd=REPO,
+        env=env_with(**aws_env(env)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
 def test_a_store_with_create_once_is_probed_once_per_command(
     moto_env: dict[str, str],  # noqa: F811
 ):
     """``verify`` reads the job twice: one probe, one capability line (on stderr: stdout stays the command's)."""
     url = f"s3://{BUCKET}/jobs/{uuid.uuid4().hex[:12]}"
-    out = subprocess.run(
-        [sys.executable, "-m", "data_juicer_elastic.cli", "verify", "--job-dir", url],
-        cwd=REPO,
-        env=env_with(**aws_env(moto_env)),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    out = verify_cli(url, moto_env)
     assert out.stderr.count(f"store: {url} (endpoint {moto_env['AWS_ENDPOINT_URL']}): {CAPABILITIES}") == 1, out.stderr[
         -3000:
     ]

@@ -26,6 +26,7 @@ from .reference import (
     assert_matches_reference,
     dj_process,
     elastic_recipe,
+    exploding_recipe,
     input_ids,
     meanwhile,
     read_rows,
@@ -160,31 +161,7 @@ def test_custom_operator_recipe_matches_one_ray_run(tmp_path):
 
 
 def test_a_value_error_in_an_op_fails_its_shard_at_the_first_attempt_and_the_job_exits_2(tmp_path):
-    ops = tmp_path / "dje_failing_ops.py"
-    ops.write_text(
-        textwrap.dedent("""
-        from data_juicer.ops.base_op import OPERATORS, Mapper
-
-
-        @OPERATORS.register_module("dje_test_exploding_mapper")
-        class DjeTestExplodingMapper(Mapper):
-            def process_single(self, sample):
-                if sample["id"] == 7:
-                    raise ValueError("row 7 is cursed")
-                return sample
-    """)
-    )
-    data = tmp_path / "data.jsonl"
-    write_jsonl(data, [{"id": i, "text": f"text {i}"} for i in range(40)])
-    config = elastic_recipe(
-        tmp_path / "fail.yaml",
-        data,
-        tmp_path / "out" / "merged.jsonl",
-        tmp_path / "job",
-        process=[{"dje_test_exploding_mapper": None}],
-        skip_op_error=False,
-        custom_operator_paths=[str(ops)],
-    )
+    config = exploding_recipe(tmp_path)
     # retries allowed: a ValueError would recur on every attempt, so the shard fails at its first
     config.write_text(config.read_text().replace("max_retries: 0", "max_retries: 2"))
     out = dj_process("--config", str(config), cwd=tmp_path)

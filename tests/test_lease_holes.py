@@ -16,6 +16,7 @@ from botocore.exceptions import ReadTimeoutError
 from data_juicer_elastic.job.claims import ClaimStore
 from data_juicer_elastic.job.layout import JobDir
 from data_juicer_elastic.job.records.attempt import load_attempt
+from data_juicer_elastic.storage.keys import Meta
 from data_juicer_elastic.storage.lapse import lapse_clock
 from data_juicer_elastic.storage.refresher import LeaseRefresher
 from data_juicer_elastic.storage.s3 import S3Store
@@ -87,6 +88,16 @@ def drop_replies(store: S3Store) -> list[int]:
     return armed
 
 
+def lease_with_a_reply_to_drop(monkeypatch, env) -> tuple[S3Store, Meta, list[int]]:
+    """A fresh lease on the server, and the next PutObject's reply armed to be lost after it lands."""
+    store = s3_store(monkeypatch, env)
+    meta = store.create(KEY, LEASE, exclusive=True)
+    assert meta is not None
+    drop = drop_replies(store)
+    drop.append(1)
+    return store, meta, drop
+
+
 def beats(store: S3Store) -> int:
     got = store.read(KEY)
     return 0 if got is None else int(orjson.loads(got[0]).get("beat", 0))
@@ -95,11 +106,7 @@ def beats(store: S3Store) -> int:
 def test_a_beat_that_landed_unanswered_is_ours_on_the_next_renew(moto_env, monkeypatch):
     """The PUT landed, the client saw a timeout; the next renew (same version) gets 412, finds its own beat's
     token there, adopts its ETag and beats on. Before: lost, and the owner dropped its live lease."""
-    store = s3_store(monkeypatch, moto_env)
-    meta = store.create(KEY, LEASE, exclusive=True)
-    assert meta is not None
-    drop = drop_replies(store)
-    drop.append(1)
+    store, meta, _ = lease_with_a_reply_to_drop(monkeypatch, moto_env)
     with pytest.raises(store.errors):
         store.renew(KEY, meta.ver)
     assert beats(store) == 1  # it landed
@@ -109,11 +116,7 @@ def test_a_beat_that_landed_unanswered_is_ours_on_the_next_renew(moto_env, monke
 
 
 def test_the_refresher_keeps_a_lease_whose_beat_landed_unanswered(moto_env, monkeypatch):
-    store = s3_store(monkeypatch, moto_env)
-    meta = store.create(KEY, LEASE, exclusive=True)
-    assert meta is not None
-    drop = drop_replies(store)
-    drop.append(1)
+    store, meta, drop = lease_with_a_reply_to_drop(monkeypatch, moto_env)
     logged: list[str] = []
     with LeaseRefresher(store, KEY, meta.ver, 0.05, log=logged.append) as lease:
         wait_for(lambda: beats(store) >= 4 or lease.lost.is_set(), "four beats, or the lease lost")
@@ -125,11 +128,7 @@ def test_the_refresher_keeps_a_lease_whose_beat_landed_unanswered(moto_env, monk
 def test_a_foreign_write_after_an_unanswered_beat_is_still_lost(moto_env, monkeypatch, foreign):
     """Our beat landed unanswered, then another process replaced the lease (or released it, keeping our
     body and token but marked released): the next renew is refused and their write is left as it is."""
-    store = s3_store(monkeypatch, moto_env)
-    meta = store.create(KEY, LEASE, exclusive=True)
-    assert meta is not None
-    drop = drop_replies(store)
-    drop.append(1)
+    store, meta, _ = lease_with_a_reply_to_drop(monkeypatch, moto_env)
     with pytest.raises(store.errors):
         store.renew(KEY, meta.ver)
     other = store_for(store.url)

@@ -19,7 +19,7 @@ import pytest
 
 from .jobs import wait_for
 from .nodes import Node, Nodes, session_pids
-from .reference import dj_process, elastic_recipe, write_jsonl
+from .reference import dj_process, exploding_recipe
 from .s3server import s3_server
 from .test_dj_process_s3 import aws_env
 from .test_store_contract import BUCKET
@@ -106,33 +106,8 @@ def test_a_clean_run_on_an_s3_job_dir_leaves_no_scratch_and_no_ray_session(tmp_p
     assert not left_behind(node_tmp)
 
 
-EXPLODING_OPS = """
-from data_juicer.ops.base_op import OPERATORS, Mapper
-
-
-@OPERATORS.register_module("dje_test_exploding_mapper")
-class DjeTestExplodingMapper(Mapper):
-    def process_single(self, sample):
-        if sample["id"] == 7:
-            raise ValueError("row 7 is cursed")
-        return sample
-"""
-
-
 def test_a_failed_run_keeps_only_ray_logs_and_says_where(tmp_path, node_tmp):
-    ops = tmp_path / "dje_failing_ops.py"
-    ops.write_text(EXPLODING_OPS)
-    data = tmp_path / "data.jsonl"
-    write_jsonl(data, [{"id": i, "text": f"text {i}"} for i in range(40)])
-    config = elastic_recipe(
-        tmp_path / "fail.yaml",
-        data,
-        tmp_path / "out" / "merged.jsonl",
-        tmp_path / "job",
-        process=[{"dje_test_exploding_mapper": None}],
-        skip_op_error=False,
-        custom_operator_paths=[str(ops)],
-    )
+    config = exploding_recipe(tmp_path)
     out = dj_process("--config", str(config), cwd=tmp_path, env={"TMPDIR": str(node_tmp)})
     assert out.returncode == 2, out.stderr[-3000:]
     [session] = ray_sessions(node_tmp)

@@ -405,12 +405,8 @@ def test_a_job_dir_on_an_object_store_mount_is_refused_at_parse_time(tmp_path, p
 def test_deduplicators_with_a_staged_form_are_accepted(tmp_path, parse):
     """Each deduplicator of dedup/plan.py parses as an op of process (tests/test_dedup_job.py runs them)."""
     minhash = {"num_bands": 4, "num_rows_per_band": 8, "num_permutations": 32}
-    recipe = write_recipe(
-        tmp_path / "r.yaml",
-        dataset_path=str(REPO / "demos/data/text"),
-        export_path=str(tmp_path / "o/out.jsonl"),
-        executor_type="elastic_shard",
-        elastic_shard={"job_dir": str(tmp_path / "job")},
+    recipe = one_op_recipe(
+        tmp_path,
         process=[
             {"whitespace_normalization_mapper": None},
             {"document_deduplicator": None},

@@ -131,16 +131,21 @@ def run_nodes(tmp: Path, hold: float = 0.0) -> tuple[JobDir, list[str], list[sub
     return job, fail_once, [node(h, **env) for h in ("node-a", "node-b")]
 
 
-@pytest.mark.slow  # three nodes and a lease waited out
-def test_report_of_a_real_job_in_chromium(tmp_path):
-    chromium()
-    job, fail_once, nodes = run_nodes(tmp_path)
+def wait_nodes(nodes: list) -> list[int]:
+    """The exit codes of ``nodes`` (4 minutes at most each); any still running after that is killed whole."""
     try:
-        codes = [n.wait(timeout=240) for n in nodes]
+        return [n.wait(timeout=240) for n in nodes]
     finally:
         for n in nodes:
             if n.poll() is None:
                 os.killpg(n.pid, signal.SIGKILL)
+
+
+@pytest.mark.slow  # three nodes and a lease waited out
+def test_report_of_a_real_job_in_chromium(tmp_path):
+    chromium()
+    job, fail_once, nodes = run_nodes(tmp_path)
+    codes = wait_nodes(nodes)
     logs = [(tmp_path / f"{h}.log").read_text() for h in ("node-a", "node-b")]
     assert codes == [0, 0], logs
     story = "".join(logs)  # the console tells the takeover and the retries

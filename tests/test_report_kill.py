@@ -7,9 +7,7 @@ count what ran, so no host is busier than the job's wall time, and the failure n
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 
 import pytest
 
@@ -18,7 +16,7 @@ from data_juicer_elastic.report.page import host_rows, render
 from data_juicer_elastic.report.svg import LABEL, WIDTH
 
 from .jobs import last_heartbeat
-from .test_report import run_nodes
+from .test_report import run_nodes, wait_nodes
 
 
 def bar_right_edge(html: str, shard: str, attempt: int) -> float:
@@ -31,12 +29,7 @@ def bar_right_edge(html: str, shard: str, attempt: int) -> float:
 @pytest.mark.slow  # three nodes and a lease waited out
 def test_a_killed_attempt_is_drawn_until_its_last_heartbeat(tmp_path):
     job, _, nodes = run_nodes(tmp_path, hold=2.0)  # beats in the shard, then the kill
-    try:
-        codes = [n.wait(timeout=240) for n in nodes]
-    finally:
-        for n in nodes:
-            if n.poll() is None:
-                os.killpg(n.pid, signal.SIGKILL)
+    codes = wait_nodes(nodes)
     assert codes == [0, 0], [(tmp_path / f"{h}.log").read_text()[-3000:] for h in ("node-a", "node-b")]
     report = collect(job.root)
     lost = [a for a in report.attempts if a.outcome == "lost"]

@@ -12,8 +12,6 @@ names what the server ignores (DELETE If-Match, Complete and Copy If-None-Match)
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -27,9 +25,8 @@ from data_juicer_elastic.storage.store import store_for
 
 from .jobs import wait_for
 from .nodes import Nodes
-from .reference import REPO, env_with
 from .s3server import use_env
-from .test_dj_process_s3 import aws_env
+from .test_dj_process_s3 import aws_env, verify_cli
 from .test_store_contract import BUCKET, moto_env  # noqa: F401 (the moto server, one per module)
 
 pytest.importorskip("boto3")
@@ -70,17 +67,6 @@ def running_attempt_of(job: JobDir, host: str) -> tuple[str, int] | None:
             if record is not None and record.host == host and record.outcome == "running":
                 return sid, attempt
     return None
-
-
-def verify_cli(url: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "data_juicer_elastic.cli", "verify", "--job-dir", url],
-        cwd=REPO,
-        env=env_with(**aws_env(env)),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
 
 
 @pytest.mark.timeout(2400)

@@ -22,12 +22,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import orjson
-
 from data_juicer_elastic.coordination.run_id import safe_key
 from data_juicer_elastic.errors import UserError
 from data_juicer_elastic.job.records._read import MISSING, load_key
-from data_juicer_elastic.storage.files import dumps_json
+from data_juicer_elastic.storage.files import dumps_json, json_object
 from data_juicer_elastic.storage.host import holder_gone, identity
 from data_juicer_elastic.storage.posix import PosixStore
 from data_juicer_elastic.storage.store import Store, Ver
@@ -159,7 +157,7 @@ class RunDir:
         if current is None:
             return False, self.record(name)
         while True:
-            held = _object(current)
+            held = json_object(current)
             if not holder_gone(held, self.host):
                 return False, held
             link = f"{key}.after-{hashlib.sha256(current).hexdigest()[:24]}"
@@ -196,15 +194,6 @@ class RunDir:
         return 0.0 if meta is None else meta.age
 
 
-def _object(data: bytes) -> dict:
-    """The JSON object ``data`` holds; {} when it holds something else."""
-    try:
-        held = orjson.loads(data)
-    except ValueError:
-        return {}
-    return held if isinstance(held, dict) else {}
-
-
 def _bytes(store: Store, key: str) -> bytes | None:
     """``key``'s bytes; None when it is missing or cannot be read."""
     try:
@@ -216,7 +205,7 @@ def _bytes(store: Store, key: str) -> bytes | None:
 
 def _record(store: Store, key: str) -> dict:
     data = _bytes(store, key)
-    return {} if data is None else _object(data)
+    return {} if data is None else json_object(data)
 
 
 def _outcome(store: Store, key: str) -> Outcome | None:

@@ -40,6 +40,15 @@ def read_json(path: str | os.PathLike) -> Any:
         return orjson.loads(f.read())
 
 
+def json_object(data: bytes) -> dict:
+    """The JSON object ``data`` holds; {} when it holds something else or no JSON (read as absent)."""
+    try:
+        held = orjson.loads(data)
+    except ValueError:
+        return {}
+    return held if isinstance(held, dict) else {}
+
+
 def read_record(path: str | os.PathLike) -> dict:
     """A JSON object record; {} when it is missing, unreadable or not an object (callers treat it as absent)."""
     try:

@@ -53,6 +53,7 @@ from data_juicer_elastic.job.records._read import int_or, number_or_none
 from data_juicer_elastic.job.records.attempt import load_attempt
 from data_juicer_elastic.job.records.retry import ARCHIVING, Archived, read_requeued, summed_by_records
 from data_juicer_elastic.job.records.workers import WorkerRecord, read_key, read_workers
+from data_juicer_elastic.storage.files import json_object
 from data_juicer_elastic.worker.lanes import fresh_left, probed_fresh_left
 
 Held = tuple[str, int]
@@ -211,13 +212,7 @@ def _busy(store: ClaimStore, sid: str, attempt: int, now: float) -> Busy:
 def _done_of(job: JobDir, sid: str) -> dict | None:
     """The shard's done record as written; None if it has none ({} if unreadable: done, counted by nobody)."""
     got = job.store.read(job.done_key(sid))
-    if got is None:
-        return None
-    try:
-        raw = orjson.loads(got[0])
-    except ValueError:
-        return {}
-    return raw if isinstance(raw, dict) else {}
+    return None if got is None else json_object(got[0])
 
 
 def _add_done(snap: Snapshot, done: dict, rows: int, size: int) -> None:

@@ -28,11 +28,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-import orjson
-
 from data_juicer_elastic.errors import UserError
 from data_juicer_elastic.job.layout import JobDir
-from data_juicer_elastic.storage.files import dumps_json
+from data_juicer_elastic.storage.files import dumps_json, json_object
 from data_juicer_elastic.storage.host import holder_gone, hostname, identity
 from data_juicer_elastic.storage.lapse import lapse_clock
 
@@ -58,7 +56,7 @@ class RetryLock:
         ver = self.job.store.replace(self.key, dumps_json(self.body), if_ver=self.ver)
         if ver is None:
             got = self.job.store.read(self.key)
-            self.lost = _parse(got[0]) if got else {}
+            self.lost = json_object(got[0]) if got else {}
             raise UserError(
                 f"retry: {_where(self.job)} was taken over by {_holder(self.lost)} while this retry ran "
                 f"(it had not been renewed for {STALE_SECS:.0f}s: this process was stopped or suspended); this "
@@ -102,7 +100,7 @@ def take(job: JobDir, stamp: str, log: Callable[[str], None]) -> RetryLock:
         got = job.store.read(key)
         if got is None:
             continue  # released between our create and our read
-        holder, meta = _parse(got[0]), got[1]
+        holder, meta = json_object(got[0]), got[1]
         why = _gone(holder, meta.age)
         if why is None:
             raise UserError(
@@ -125,14 +123,6 @@ def _gone(holder: dict, age: float) -> str | None:
     if age >= STALE_SECS + 1:  # the store's stamps have whole seconds: an age reads up to 1 s too large
         return f"it was not renewed for {age:.0f}s (a running retry renews it before every shard)"
     return None
-
-
-def _parse(data: bytes) -> dict:
-    try:
-        raw = orjson.loads(data)
-    except ValueError:
-        return {}
-    return raw if isinstance(raw, dict) else {}
 
 
 def _holder(holder: dict) -> str:
